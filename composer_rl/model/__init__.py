@@ -1,0 +1,4 @@
+"""The model: configuration, parameters and the one forward. Knows nothing of RL."""
+from composer_rl.model.config import ModelConfig, PRESETS, get_preset
+from composer_rl.model.kv_cache import KVCache
+from composer_rl.model.transformer import ForwardOutput, Transformer, load_balancing_loss

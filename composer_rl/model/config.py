@@ -1,0 +1,150 @@
+"""Model shape and numerics configuration.
+
+A `ModelConfig` fully determines the parameter tree and the compiled forward. Presets:
+`tiny` (trains on a laptop CPU), `parity_512` (the d_model-512 parity size), and the shapes
+of Qwen3-0.6B and Qwen3-30B-A3B (instantiable on an accelerator, never in tests).
+"""
+import dataclasses
+from typing import Optional, Sequence
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Decoder-only transformer (Qwen3 family layout).
+
+  Attributes:
+    vocab_size: number of token ids; embedding rows and logit columns.
+    d_model: width of the residual stream.
+    num_layers: number of transformer blocks.
+    num_heads: query heads per attention layer.
+    num_kv_heads: key/value heads (grouped-query attention); must divide num_heads.
+    head_dim: width of each attention head (Qwen3 decouples it from d_model/num_heads).
+    d_ff: hidden width of the dense SwiGLU MLP.
+    max_seq_len: fixed length of the KV cache. Every attention (prefill, decode and the
+      training forward) attends over exactly this many key slots with -inf masking, which is
+      what makes a query's result independent of prompt length and padding.
+    rope_theta: RoPE base frequency.
+    norm_eps: RMSNorm epsilon.
+    qk_norm: RMSNorm on each query/key head before RoPE (Qwen3 does this).
+    tie_embeddings: share the embedding matrix with the output projection.
+    num_experts: experts per MoE layer (0 = no MoE anywhere).
+    experts_per_token: top-k experts each token is routed to.
+    moe_d_ff: hidden width of each expert's SwiGLU.
+    moe_layers: indices of layers whose feed-forward is MoE; None = every layer when
+      num_experts > 0.
+    norm_topk_prob: renormalize the top-k router probabilities to sum to 1 (Qwen3-MoE).
+    router_aux_loss_coef: weight of the load-balancing auxiliary loss in training.
+    param_dtype: dtype of the master parameters (fp32 so small RL updates are not lost).
+    compute_dtype: dtype of matmul inputs and the KV cache ('bfloat16' or 'float32');
+      accumulation, norms, softmax and final logits are always fp32.
+    row_tile: rows per matmul call. Every token-local computation goes through fixed
+      [row_tile, K] tiles, so a row's bits never depend on how many rows the call had.
+    exact_numerics: True (default) runs the batch-invariant ops of `composer_rl.ops.exact`;
+      False runs plain whole-batch matmuls and multi-query attention: faster, but sampler
+      and trainer log-probs then differ in their low bits (a measured fast mode, not exact).
+  """
+  vocab_size: int = 256
+  d_model: int = 64
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 16
+  d_ff: int = 128
+  max_seq_len: int = 128
+  rope_theta: float = 10000.0
+  norm_eps: float = 1e-6
+  qk_norm: bool = True
+  tie_embeddings: bool = False
+  num_experts: int = 0
+  experts_per_token: int = 2
+  moe_d_ff: int = 64
+  moe_layers: Optional[Sequence[int]] = None
+  norm_topk_prob: bool = True
+  router_aux_loss_coef: float = 0.01
+  param_dtype: str = "float32"
+  compute_dtype: str = "bfloat16"
+  row_tile: int = 16
+  exact_numerics: bool = True
+
+  def __post_init__(self):
+    def bad(msg):
+      raise ValueError(f"ModelConfig: {msg}")
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "d_ff", "max_seq_len", "row_tile"):
+      if int(getattr(self, name)) <= 0:
+        bad(f"{name} must be positive, got {getattr(self, name)!r}")
+    if self.num_heads % self.num_kv_heads:
+      bad(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+    if self.head_dim % 2:
+      bad(f"head_dim={self.head_dim} must be even for RoPE")
+    for name in ("param_dtype", "compute_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        bad(f"{name}={getattr(self, name)!r}; choose one of {sorted(_DTYPES)}")
+    if self.num_experts < 0:
+      bad(f"num_experts must be >= 0, got {self.num_experts}")
+    if self.num_experts:
+      if not 0 < self.experts_per_token <= self.num_experts:
+        bad(f"experts_per_token={self.experts_per_token} must be in [1, num_experts="
+            f"{self.num_experts}]")
+      if self.moe_d_ff <= 0:
+        bad(f"moe_d_ff must be positive, got {self.moe_d_ff}")
+      for i in self.moe_layers or ():
+        if not 0 <= i < self.num_layers:
+          bad(f"moe_layers contains {i}, outside [0, num_layers={self.num_layers})")
+    elif self.moe_layers:
+      bad("moe_layers is set but num_experts is 0")
+
+  def is_moe_layer(self, i: int) -> bool:
+    if not self.num_experts:
+      return False
+    return self.moe_layers is None or i in tuple(self.moe_layers)
+
+  @property
+  def num_moe_layers(self) -> int:
+    return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+  @property
+  def param_jnp_dtype(self):
+    return _DTYPES[self.param_dtype]
+
+  @property
+  def compute_jnp_dtype(self):
+    return _DTYPES[self.compute_dtype]
+
+  @property
+  def tile(self) -> Optional[int]:
+    """Row tile for `map_row_tiles` (None = whole batch at once, the inexact mode)."""
+    return self.row_tile if self.exact_numerics else None
+
+  def replace(self, **kw) -> "ModelConfig":
+    return dataclasses.replace(self, **kw)
+
+
+PRESETS = {
+    "tiny": ModelConfig(),
+    "tiny_moe": ModelConfig(num_experts=4, experts_per_token=2, moe_d_ff=64, moe_layers=(1,)),
+    "parity_512": ModelConfig(vocab_size=2048, d_model=512, num_layers=4, num_heads=8,
+                              num_kv_heads=4, head_dim=64, d_ff=1024, max_seq_len=256),
+    "parity_512_moe": ModelConfig(vocab_size=2048, d_model=512, num_layers=4, num_heads=8,
+                                  num_kv_heads=4, head_dim=64, d_ff=1024, max_seq_len=256,
+                                  num_experts=8, experts_per_token=2, moe_d_ff=512,
+                                  moe_layers=(1, 3)),
+    # Shapes of the public Qwen3 checkpoints (config.json of Qwen/Qwen3-0.6B, -30B-A3B).
+    "qwen3_0_6b": ModelConfig(vocab_size=151936, d_model=1024, num_layers=28, num_heads=16,
+                              num_kv_heads=8, head_dim=128, d_ff=3072, max_seq_len=40960,
+                              rope_theta=1000000.0, tie_embeddings=True, row_tile=128),
+    "qwen3_30b_a3b": ModelConfig(vocab_size=151936, d_model=2048, num_layers=48,
+                                 num_heads=32, num_kv_heads=4, head_dim=128, d_ff=6144,
+                                 max_seq_len=40960, rope_theta=1000000.0, num_experts=128,
+                                 experts_per_token=8, moe_d_ff=768, row_tile=128),
+}
+
+
+def get_preset(name: str, **overrides) -> ModelConfig:
+  if name not in PRESETS:
+    raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+  return PRESETS[name].replace(**overrides)

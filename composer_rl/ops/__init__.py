@@ -1,0 +1,1 @@
+"""Numerics layer: the few operations whose bits must not depend on batch shape."""

@@ -1,0 +1,107 @@
+"""The token head: logits -> sampling transform -> log-probs -> token, shared by sampler and
+trainer.
+
+The sampler and the trainer run the *same* row-tile computation (`token_head`), so the
+log-probability the sampler recorded for a token and the one the trainer differentiates are
+produced by identical code on identical bits. The sampler passes `targets = -1` (sample with
+Gumbel-max from a per-token key); the trainer passes the tokens it is scoring.
+
+The transform is applied in the order temperature -> top-k -> top-p, and the log-probs
+returned are those *of the distribution actually sampled from* (renormalized over the kept
+support; -inf outside it). Greedy decoding is `top_k = 1` (log-prob 0).
+"""
+from typing import NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from composer_rl.ops import exact
+
+F32 = jnp.float32
+
+
+@flax.struct.dataclass
+class RowSampling:
+  """Per-row sampling transform (arrays of shape [R]).
+
+  temperature: > 0; logits are divided by it.
+  top_k: keep the k most likely tokens; 0 = no limit.
+  top_p: keep the smallest prefix of the sorted distribution whose mass reaches top_p
+    (the token that crosses it is kept); 1.0 = no limit.
+  """
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+
+  @classmethod
+  def broadcast(cls, rows: int, temperature: float = 1.0, top_k: int = 0,
+                top_p: float = 1.0) -> "RowSampling":
+    if not temperature > 0:
+      raise ValueError(f"temperature must be > 0 (use top_k=1 for greedy), got {temperature}")
+    if top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    return cls(temperature=jnp.full((rows,), temperature, F32),
+               top_k=jnp.full((rows,), top_k, jnp.int32), top_p=jnp.full((rows,), top_p, F32))
+
+
+def transformed_logprobs(logits: jax.Array, s: RowSampling) -> jax.Array:
+  """[T, V] fp32 logits -> log-probs of the transformed distribution ([T, V], -inf = cut)."""
+  vocab = logits.shape[-1]
+  z = logits.astype(F32) / s.temperature[:, None]
+  ranks = jnp.arange(vocab, dtype=jnp.int32)[None, :]
+  sorted_desc = -lax.sort(-z, dimension=1)
+  k = jnp.where(s.top_k > 0, jnp.minimum(s.top_k, vocab), vocab)
+  in_top_k = ranks < k[:, None]
+  sorted_probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=-1)
+  mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+  keep = in_top_k & ((mass_before < s.top_p[:, None]) | (ranks == 0))
+  num_keep = jnp.sum(keep.astype(jnp.int32), axis=-1)
+  threshold = jnp.take_along_axis(sorted_desc, (num_keep - 1)[:, None], axis=-1)
+  return jax.nn.log_softmax(jnp.where(z >= threshold, z, -jnp.inf), axis=-1)
+
+
+class HeadOutput(NamedTuple):
+  tokens: jax.Array     # [R] int32 sampled (or scored) token
+  logprobs: jax.Array   # [R] fp32 log-prob of that token under the transformed distribution
+  entropy: jax.Array    # [R] fp32 entropy of the transformed distribution
+
+
+def _head_tile(logits_fn, args):
+  hidden, keys, targets, samp = args
+  lp = transformed_logprobs(logits_fn(hidden), samp)
+  gumbel = jax.vmap(lambda k: jax.random.gumbel(jax.random.wrap_key_data(k), lp.shape[-1:],
+                                                F32))(keys)
+  sampled = jnp.argmax(lp + gumbel, axis=-1).astype(jnp.int32)
+  tokens = jnp.where(targets >= 0, targets, sampled)
+  logprob = jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
+  p = jnp.exp(lp)
+  entropy = -jnp.sum(jnp.where(p > 0, p * lp, 0.0), axis=-1)
+  return HeadOutput(tokens, logprob, entropy)
+
+
+def token_head(logits_fn, hidden: jax.Array, keys: jax.Array, targets: jax.Array,
+               sampling: RowSampling, tile: int) -> HeadOutput:
+  """Runs the head on rows: hidden [R, d], keys [R, 2] uint32, targets [R] (-1 = sample).
+
+  `logits_fn` maps [tile, d] hidden states to [tile, V] fp32 logits (`Transformer.logits`).
+  """
+  return exact.map_row_tiles(lambda a: _head_tile(logits_fn, a),
+                             (hidden, keys, targets.astype(jnp.int32), sampling), tile)
+
+
+def token_keys(seed, seq_ids: jax.Array, positions: jax.Array) -> jax.Array:
+  """Raw threefry keys [R, 2] for the tokens at `positions` of sequences `seq_ids`.
+
+  The key depends only on (seed, sequence id, position), never on the batch slot, so a
+  sequence's sample is the same whatever else shares its batch.
+  """
+  base = jax.random.key(seed, impl="threefry2x32")
+
+  def one(sid, pos):
+    return jax.random.key_data(jax.random.fold_in(jax.random.fold_in(base, sid), pos))
+
+  return jax.vmap(one)(seq_ids.astype(jnp.uint32), positions.astype(jnp.uint32))

@@ -1,0 +1,1 @@
+"""Training: scoring, losses, advantages and the sharded train step. Knows no controller."""

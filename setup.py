@@ -1,0 +1,29 @@
+"""composer_rl: JAX-native RL post-training for LLM coding agents."""
+import setuptools
+
+setuptools.setup(
+    name="composer_rl",
+    version="0.1.0",
+    description="RL post-training of LLM coding agents in JAX: exact sampler/trainer parity, "
+    "sandboxed coding environments, async rollouts, sparse weight sync.",
+    packages=setuptools.find_packages(include=["composer_rl", "composer_rl.*"]),
+    python_requires=">=3.11",
+    # Parity (bit-identical sampler and trainer logprobs) is a property of the exact XLA
+    # build, so jax/jaxlib are pinned to the minor series the parity suite was run on.
+    install_requires=[
+        "jax[cpu]>=0.10.2,<0.11",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "grain>=0.2.18",
+        "ml_collections>=1.0",
+        "absl-py>=2.0",
+        "numpy>=1.26",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3.5"],
+        "jetstream": ["google-jetstream==0.2.2"],
+    },
+)
