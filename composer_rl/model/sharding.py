@@ -1,6 +1,6 @@
 """Device meshes, logical-axis sharding rules, and batch-sharded execution.
 
-Parameters carry logical axis names (`vocab`, `embed`, `q_heads`, `kv_heads`, `head_dim`,
+Parameters carry logical axis names in their `out_sharding` metadata (`vocab`, `embed`, `q_heads`, `kv_heads`, `head_dim`,
 `mlp`, `expert`, `expert_logits`, `moe_mlp`). An experiment maps them to mesh axes with a
 rules table, e.g. `(("embed", "fsdp"), ("mlp", "tensor"), ("expert", "expert"))`; names
 without a rule are replicated.
@@ -56,15 +56,15 @@ def logical_to_spec(names: Sequence[Optional[str]], rules=DEFAULT_RULES) -> P:
 
 
 def param_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES):
-  """NamedShardings for an nnx state from its params' `sharding_names` metadata."""
+
   def one(var):
     names = var.get_metadata().get("sharding_names") or var.get_metadata().get("out_sharding")
     spec = logical_to_spec(names, rules) if names else P()
     # An axis that does not divide the dimension stays replicated (tiny models).
     parts = []
-    for dim, axis in zip(var.value.shape, tuple(spec) + (None,) * var.value.ndim):
+    for dim, axis in zip(var[...].shape, tuple(spec) + (None,) * var[...].ndim):
       parts.append(axis if axis is not None and dim % mesh.shape[axis] == 0 else None)
-    return NamedSharding(mesh, P(*parts[:var.value.ndim]))
+    return NamedSharding(mesh, P(*parts[:var[...].ndim]))
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 

@@ -7,7 +7,7 @@ head (`composer_rl.sampling.head`) applies inside its fixed row tiles.
 
 Numerics (see `composer_rl.ops.exact`): fp32 master parameters, matmul inputs cast to
 `compute_dtype` with fp32 accumulation, fp32 residual stream, norms, softmax and logits.
-Parameters carry logical axis names (`sharding_names` metadata) that
+Parameters carry logical axis names (`out_sharding` metadata) that
 `composer_rl.model.sharding` maps onto a device mesh.
 """
 from typing import NamedTuple, Optional
@@ -31,7 +31,7 @@ def _param(rngs: nnx.Rngs, shape, axes, scale: Optional[float] = None, ones=Fals
     std = scale if scale is not None else shape[-2] ** -0.5
     value = (jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, F32) * std
              ).astype(dtype)
-  return nnx.Param(value, sharding_names=axes, eager_sharding=False)
+  return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
 class Attention(nnx.Module):
@@ -109,20 +109,20 @@ class Transformer(nnx.Module):
   def logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [T, d] -> fp32 logits [T, vocab] (final norm + output projection)."""
     c = self.config
-    h = exact.rms_norm(hidden, self.final_norm.value, c.norm_eps)
-    w = self.embed.value.T if c.tie_embeddings else self.lm_head.value
+    h = exact.rms_norm(hidden, self.final_norm[...], c.norm_eps)
+    w = self.embed[...].T if c.tie_embeddings else self.lm_head[...]
     return exact.dense(h, w, c.compute_jnp_dtype)
 
   def _qkv(self, attn: Attention, x, positions):
     c, dt = self.config, self.config.compute_jnp_dtype
-    h = exact.rms_norm(x, attn.norm.value, c.norm_eps)
+    h = exact.rms_norm(x, attn.norm[...], c.norm_eps)
     t = x.shape[0]
-    q = exact.dense(h, attn.wq.value, dt).reshape(t, c.num_heads, c.head_dim)
-    k = exact.dense(h, attn.wk.value, dt).reshape(t, c.num_kv_heads, c.head_dim)
-    v = exact.dense(h, attn.wv.value, dt).reshape(t, c.num_kv_heads, c.head_dim)
+    q = exact.dense(h, attn.wq[...], dt).reshape(t, c.num_heads, c.head_dim)
+    k = exact.dense(h, attn.wk[...], dt).reshape(t, c.num_kv_heads, c.head_dim)
+    v = exact.dense(h, attn.wv[...], dt).reshape(t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
-      q = exact.rms_norm(q, attn.q_norm.value, c.norm_eps)
-      k = exact.rms_norm(k, attn.k_norm.value, c.norm_eps)
+      q = exact.rms_norm(q, attn.q_norm[...], c.norm_eps)
+      k = exact.rms_norm(k, attn.k_norm[...], c.norm_eps)
     q = exact.rope(q, positions, c.rope_theta) * (c.head_dim ** -0.5)
     k = exact.rope(k, positions, c.rope_theta)
     ones = jnp.ones(v.shape[:-1] + (1,), F32)
@@ -131,14 +131,14 @@ class Transformer(nnx.Module):
   def _post_attention(self, block: Block, x, attn_out):
     """Output projection + residual, then the dense MLP or the MoE router (row-local)."""
     c, dt = self.config, self.config.compute_jnp_dtype
-    x = x + exact.dense(attn_out, block.attn.wo.value, dt)
+    x = x + exact.dense(attn_out, block.attn.wo[...], dt)
     ffn = block.ffn
-    h = exact.rms_norm(x, ffn.norm.value, c.norm_eps)
+    h = exact.rms_norm(x, ffn.norm[...], c.norm_eps)
     if isinstance(ffn, MLP):
-      act = jax.nn.silu(exact.dense(h, ffn.w_gate.value, dt)) * exact.dense(h, ffn.w_up.value, dt)
-      return x + exact.dense(act, ffn.w_down.value, dt), None, None, None
+      act = jax.nn.silu(exact.dense(h, ffn.w_gate[...], dt)) * exact.dense(h, ffn.w_up[...], dt)
+      return x + exact.dense(act, ffn.w_down[...], dt), None, None, None
     # Router in fp32: a flipped expert choice is the costliest mismatch there is.
-    probs = jax.nn.softmax(exact.dense(h, ffn.router.value, F32), axis=-1)
+    probs = jax.nn.softmax(exact.dense(h, ffn.router[...], F32), axis=-1)
     top_p, top_i = jax.lax.top_k(probs, c.experts_per_token)
     if c.norm_topk_prob:
       top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
@@ -166,7 +166,7 @@ class Transformer(nnx.Module):
       segment_ids = jnp.ones((b, s), jnp.int32)
     slots = cache_index.astype(jnp.int32)[:, None] + jnp.arange(s, dtype=jnp.int32)[None]
     segments = kvc.write_segments(cache.segments, segment_ids.astype(jnp.int32), slots)
-    x = self.embed.value[tokens].astype(F32).reshape(b * s, c.d_model)
+    x = self.embed[...][tokens].astype(F32).reshape(b * s, c.d_model)
     pos_rows = positions.reshape(b * s).astype(jnp.int32)
     new_k, new_v1, all_ids, all_probs = [], [], [], []
     for i, block in enumerate(self.blocks):
@@ -184,8 +184,8 @@ class Transformer(nnx.Module):
       if ids is not None:
         gates, probs = extra
         ffn = block.ffn
-        x = x + grouped.grouped_swiglu(h, ids, gates, ffn.w_gate.value, ffn.w_up.value,
-                                       ffn.w_down.value, c.row_tile, c.compute_jnp_dtype,
+        x = x + grouped.grouped_swiglu(h, ids, gates, ffn.w_gate[...], ffn.w_up[...],
+                                       ffn.w_down[...], c.row_tile, c.compute_jnp_dtype,
                                        exact_numerics=c.exact_numerics)
         all_ids.append(ids)
         all_probs.append(probs)
