@@ -1,0 +1,1 @@
+"""Tokenizers and data formats shared by rollouts, training and serving."""

@@ -1,0 +1,1 @@
+"""Rollouts: whole agent sessions driven through the engine and the environment."""

@@ -1,0 +1,259 @@
+"""Continuous batching of many agent sessions over the engine's fixed decode slots.
+
+One thread drives the engine: it admits ready sessions into free slots (prefilling only
+their new tokens onto their saved KV cache), runs one decode step for every occupied slot,
+and when a session's turn ends (it sampled <EOT>, or hit the per-turn budget) it copies the
+session's cache out of the slot and hands the turn's text to a tool thread pool. Tool calls
+therefore never block the decoding of other sessions. When the tool answers, the session's
+observation tokens are appended and it waits for a slot again.
+
+Weights: `set_params(params, version)` may be called from another thread (the trainer
+factory) at any time; the runner applies it between decode steps. Tokens carry the version
+that sampled them. So that every recorded log-prob is exactly reproducible by the trainer
+under that version, a session's KV cache is never mixed across versions: sessions in slots
+are re-prefilled under the new weights and saved caches of waiting sessions are dropped.
+"""
+import concurrent.futures as cf
+import dataclasses
+import itertools
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+import numpy as np
+
+from composer_rl.rollout.chat import ChatFormat
+from composer_rl.rollout.session import LiveSession, Trajectory
+from composer_rl.sampling.engine import Engine, Request
+
+# A job is (task_id, group_id, env); env has reset() -> str, step(text) -> result with
+# .observation/.done/.info, grade() -> result with .reward, close().
+Job = Tuple[str, int, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Agent-loop limits and sampling.
+
+  system_prompt: the system message (tool documentation) every session starts with.
+  max_turns: model turns before the session is ended and graded as it stands.
+  max_turn_tokens: tokens the model may sample in one turn before the turn is cut.
+  temperature/top_k/top_p: the sampling transform (recorded log-probs are under it).
+  seed: base RNG seed; a token's key is (seed, session id, position).
+  tool_workers: threads executing tool calls and grading concurrently.
+  """
+  system_prompt: str = ""
+  max_turns: int = 4
+  max_turn_tokens: int = 64
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  tool_workers: int = 4
+
+
+class RolloutRunner:
+  """Runs sessions to completion; see module docstring."""
+
+  def __init__(self, engine: Engine, chat: ChatFormat, config: RolloutConfig, params,
+               version: int = 0, session_ids: Optional[itertools.count] = None):
+    self.engine, self.chat, self.cfg = engine, chat, config
+    self.params, self.version = params, version
+    self._pending_params: Optional[Tuple[Any, int]] = None
+    self._lock = threading.Lock()
+    self._ids = session_ids or itertools.count()
+    self.stats = dict(decode_steps=0, generated_tokens=0, prefill_tokens=0, reprefills=0,
+                      decode_seconds=0.0, prefill_seconds=0.0)
+
+  # ---- weights -------------------------------------------------------------------------
+  def set_params(self, params, version: int) -> None:
+    with self._lock:
+      self._pending_params = (params, version)
+
+  def _apply_pending_params(self, slots, state, ready):
+    """Installs new weights; in-flight sessions go back to the front of `ready` with their
+    caches dropped, so they are re-prefilled under the new version."""
+    with self._lock:
+      pending, self._pending_params = self._pending_params, None
+    if pending is None:
+      return state
+    self.params, self.version = pending
+    requeue = []
+    for i, s in enumerate(slots):
+      if s is not None:
+        state = self.engine.free(state, i)
+        s.saved = None
+        slots[i] = None
+        requeue.append(s)
+        self.stats["reprefills"] += 1
+    ready[:0] = requeue
+    return state
+
+  # ---- session steps -------------------------------------------------------------------
+  def _request(self, s: LiveSession) -> Request:
+    c = self.cfg
+    return Request(seq_id=s.traj.session_id, seed=c.seed, temperature=c.temperature,
+                   top_k=c.top_k, top_p=c.top_p)
+
+  def _admit(self, s: LiveSession, slot: int, state):
+    """Prefills the session's uncached tokens, samples its next token, occupies `slot`."""
+    if s.saved is not None and s.saved_version != self.version:
+      s.saved = None  # never extend a cache computed under other weights
+    cached = int(s.saved.length) if s.saved is not None else 0
+    new = s.traj.tokens[cached:]
+    t0 = time.perf_counter()
+    prefix = self.engine.prefill(params=self.params, padded_tokens=new, request=self._request(s),
+                                 existing_prefix=s.saved)
+    self.stats["prefill_seconds"] += time.perf_counter() - t0
+    self.stats["prefill_tokens"] += len(new)
+    s.saved, s.saved_version = None, self.version
+    self._record(s, int(prefix.token), float(prefix.logprob))
+    if self._turn_over(s):
+      s.saved = prefix
+      return state
+    return self.engine.insert(prefix, state, slot)
+
+  def _record(self, s: LiveSession, token: int, logprob: float) -> None:
+    s.append(token, sampled=True, logprob=logprob, version=self.version)
+    s.turn_tokens += 1
+    self.stats["generated_tokens"] += 1
+
+  def _turn_over(self, s: LiveSession) -> bool:
+    last = s.traj.tokens[-1]
+    limit = self.engine.config.max_seq_len - 1
+    return (last == self.chat.end_of_turn or s.turn_tokens >= self.cfg.max_turn_tokens
+            or len(s.traj.tokens) >= limit)
+
+  def _end_turn_text(self, s: LiveSession) -> str:
+    turn = s.traj.tokens[s.turn_start:]
+    if turn and turn[-1] == self.chat.end_of_turn:
+      turn = turn[:-1]
+    else:  # cut by the budget: close the turn with an unsampled <EOT>
+      s.append(self.chat.end_of_turn, sampled=False)
+    return self.chat.tok.decode(turn)
+
+  # ---- tool side (runs in the pool) ----------------------------------------------------
+  def _tool(self, s: LiveSession, text: str):
+    t0 = time.perf_counter()
+    try:
+      result = s.env.step(text)
+      out = (result.observation, bool(result.done), dict(getattr(result, "info", {}) or {}))
+    except Exception as e:  # a broken tool is an observation, never a dead trainer
+      out = (f"error: the tool crashed: {type(e).__name__}: {e}", False, {"tool_crash": 1})
+    s.traj.metrics["tool_seconds"] = s.traj.metrics.get("tool_seconds", 0.0) + (
+        time.perf_counter() - t0)
+    return out
+
+  def _grade(self, s: LiveSession, reason: str) -> Trajectory:
+    t = s.traj
+    t.finish_reason = reason
+    try:
+      res = s.env.grade()
+      t.reward = float(res.reward)
+      info = res.to_dict() if hasattr(res, "to_dict") else dict(getattr(res, "__dict__", {}))
+      t.reward_info = info
+    except Exception as e:
+      t.reward, t.reward_info = 0.0, {"error": f"grading failed: {type(e).__name__}: {e}"}
+      t.finish_reason = "error"
+    finally:
+      try:
+        s.env.close()
+      except Exception:  # closing is best effort; the world is deleted by its owner
+        pass
+    return t
+
+  # ---- the loop ------------------------------------------------------------------------
+  def _start(self, job: Job) -> LiveSession:
+    task_id, group_id, env = job
+    traj = Trajectory(task_id=task_id, group_id=group_id, session_id=next(self._ids),
+                      tokens=[], loss_mask=[], logprobs=[], versions=[])
+    s = LiveSession(traj=traj, env=env)
+    s.extend_context(self.chat.start(self.cfg.system_prompt, env.reset()))
+    s.turn_start = len(traj.tokens)
+    return s
+
+  def run_stream(self, next_job: Callable[[], Optional[Job]], emit: Callable[[Trajectory], None],
+                 max_in_flight: int, stop: Optional[threading.Event] = None) -> None:
+    """Keeps up to `max_in_flight` sessions going, pulling jobs until `next_job` returns None
+    and every session has finished; `emit` receives each finished trajectory."""
+    eng = self.engine
+    state = eng.init_decode_state()
+    slots: List[Optional[LiveSession]] = [None] * eng.slots
+    ready: List[LiveSession] = []
+    tools: dict = {}
+    grading: dict = {}
+    in_flight, exhausted = 0, False
+    with cf.ThreadPoolExecutor(self.cfg.tool_workers) as pool:
+      while True:
+        if stop is not None and stop.is_set():
+          break
+        state = self._apply_pending_params(slots, state, ready)
+        while not exhausted and in_flight < max_in_flight:
+          job = next_job()
+          if job is None:
+            exhausted = True
+            break
+          ready.append(self._start(job))
+          in_flight += 1
+        for i in range(len(slots)):  # admit ready sessions into free slots
+          while slots[i] is None and ready:
+            s = ready.pop(0)
+            state = self._admit(s, i, state)
+            if s.saved is None:
+              slots[i] = s
+            else:  # its first sampled token already ended the turn
+              self._finish_turn(s, pool, tools)
+        if any(s is not None for s in slots):
+          t0 = time.perf_counter()
+          state, step = eng.generate(self.params, state)
+          toks, lps = np.asarray(step.tokens), np.asarray(step.logprobs)
+          self.stats["decode_seconds"] += time.perf_counter() - t0
+          self.stats["decode_steps"] += 1
+          for i, s in enumerate(slots):
+            if s is None:
+              continue
+            self._record(s, int(toks[i]), float(lps[i]))
+            if self._turn_over(s):
+              s.saved = eng.release(state, i)
+              state = eng.free(state, i)
+              slots[i] = None
+              self._finish_turn(s, pool, tools)
+        elif tools or grading:
+          cf.wait(list(tools) + list(grading), timeout=1.0, return_when=cf.FIRST_COMPLETED)
+        elif not ready:
+          break  # nothing in flight and no job left
+        for fut in [f for f in tools if f.done()]:
+          s = tools.pop(fut)
+          obs, done, info = fut.result()
+          s.traj.observations.append(obs)
+          s.traj.metrics["malformed_calls"] = (s.traj.metrics.get("malformed_calls", 0)
+                                               + int(bool(info.get("malformed"))))
+          if done or s.traj.turns >= self.cfg.max_turns:
+            grading[pool.submit(self._grade, s, "submitted" if done else "turn_budget")] = s
+            continue
+          obs_tokens = self.chat.observation(obs)
+          if len(s.traj.tokens) + len(obs_tokens) + 2 >= eng.config.max_seq_len:
+            grading[pool.submit(self._grade, s, "context_full")] = s
+            continue
+          s.extend_context(obs_tokens)
+          s.turn_tokens, s.turn_start = 0, len(s.traj.tokens)
+          ready.append(s)
+        for fut in [f for f in grading if f.done()]:
+          grading.pop(fut)
+          emit(fut.result())
+          in_flight -= 1
+        if exhausted and in_flight == 0:
+          break
+
+  def _finish_turn(self, s: LiveSession, pool, tools) -> None:
+    s.traj.turns += 1
+    text = self._end_turn_text(s)
+    s.traj.turn_texts.append(text)
+    tools[pool.submit(self._tool, s, text)] = s
+
+  def run(self, jobs: List[Job], max_in_flight: Optional[int] = None) -> List[Trajectory]:
+    """Runs all `jobs`; returns their trajectories in job order."""
+    it = iter(jobs)
+    out: List[Trajectory] = []
+    self.run_stream(lambda: next(it, None), out.append, max_in_flight or len(jobs))
+    return sorted(out, key=lambda t: t.session_id)
