@@ -35,6 +35,8 @@ _TRAIN_BATCH = flags.DEFINE_integer("train_batch", 8, "Sequences per train step.
 _TRAIN_LEN = flags.DEFINE_integer("train_len", 128, "Tokens per training sequence.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (best is reported).")
 _TILE = flags.DEFINE_integer("row_tile", None, "Override the preset's row tile.")
+_QBLOCK = flags.DEFINE_integer("attention_query_block", None,
+                               "Override the preset's attention query block.")
 
 
 def _best(fn, repeats):
@@ -139,8 +141,12 @@ def main(argv):
                                                         _TRAIN_LEN.value))
   if _TILE.value:
     exact_cfg = exact_cfg.replace(row_tile=_TILE.value)
+  if _QBLOCK.value:
+    exact_cfg = exact_cfg.replace(attention_query_block=_QBLOCK.value)
   fast_cfg = exact_cfg.replace(exact_numerics=False)
-  result = dict(preset=_PRESET.value, row_tile=exact_cfg.row_tile, backend=jax.default_backend(),
+  result = dict(preset=_PRESET.value, row_tile=exact_cfg.row_tile,
+                attention_query_block=exact_cfg.attention_query_block,
+                backend=jax.default_backend(),
                 devices=jax.device_count(), prompt_len=_PROMPT.value, new_tokens=_NEW.value,
                 sampler={})
   for b in [int(x) for x in _BATCH.value.split(",")]:

@@ -43,6 +43,8 @@ class ModelConfig:
       accumulation, norms, softmax and final logits are always fp32.
     row_tile: rows per matmul call. Every token-local computation goes through fixed
       [row_tile, K] tiles, so a row's bits never depend on how many rows the call had.
+    attention_query_block: query positions per attention dot (see
+      `composer_rl.ops.exact.attention`); decode pads its one query to this many.
     exact_numerics: True (default) runs the batch-invariant ops of `composer_rl.ops.exact`;
       False runs plain whole-batch matmuls and multi-query attention: faster, but sampler
       and trainer log-probs then differ in their low bits (a measured fast mode, not exact).
@@ -68,13 +70,14 @@ class ModelConfig:
   param_dtype: str = "float32"
   compute_dtype: str = "bfloat16"
   row_tile: int = 16
+  attention_query_block: int = 1
   exact_numerics: bool = True
 
   def __post_init__(self):
     def bad(msg):
       raise ValueError(f"ModelConfig: {msg}")
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                 "head_dim", "d_ff", "max_seq_len", "row_tile"):
+                 "head_dim", "d_ff", "max_seq_len", "row_tile", "attention_query_block"):
       if int(getattr(self, name)) <= 0:
         bad(f"{name} must be positive, got {getattr(self, name)!r}")
     if self.num_heads % self.num_kv_heads:

@@ -9,7 +9,7 @@ softmax normalizers depend on the padded key length. The design that removes all
   output head and the sampling transform) runs on fixed `[tile, ...]` blocks through
   `lax.map`, so each block is the *same* compiled computation whatever the batch, slot,
   padding or program (prefill, decode, or the forward inside `value_and_grad`).
-* `attention`: one query position at a time against a key axis of fixed length (the KV
+* `attention`: fixed blocks of query positions against a key axis of fixed length (the KV
   cache), -inf masking, and a softmax whose normalizer comes out of the same dot as the
   values (V carries an extra channel of ones).
 
@@ -74,9 +74,9 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def attention(q: jax.Array, k_cache: jax.Array, v1_cache: jax.Array, key_segments: jax.Array,
-              query_slots: jax.Array, query_segments: jax.Array, exact: bool = True
-              ) -> jax.Array:
-  """Causal grouped-query attention over a fixed-length KV cache, one query at a time.
+              query_slots: jax.Array, query_segments: jax.Array, exact: bool = True,
+              query_block: int = 1) -> jax.Array:
+  """Causal grouped-query attention over a fixed-length KV cache, in fixed query blocks.
 
   Args:
     q: [B, S, H, D] queries, already scaled by 1/sqrt(D) and rotated.
@@ -87,21 +87,28 @@ def attention(q: jax.Array, k_cache: jax.Array, v1_cache: jax.Array, key_segment
     query_slots: [B, S] cache slot of each query token (a query sees slots <= its own).
     query_segments: [B, S] segment id of each query (a query sees only its own segment).
     exact: False computes all queries in one batched dot (the inexact fast mode).
+    query_block: query positions per attention dot. Every call, decode included, pads its
+      queries to a multiple of this, so each dot has the same [block * heads_per_kv, L]
+      shape: larger blocks cut the sequential loop in prefill/training and cost decode
+      block-fold attention FLOPs.
 
   Returns:
     [B, S, H, D] attention outputs in fp32 (zeros for queries that see no key).
   """
   b, s, h, d = q.shape
   g, length = k_cache.shape[1], k_cache.shape[2]
-  q = q.reshape(b, s, g, h // g, d).astype(k_cache.dtype)
+  rep = h // g
+  q = q.reshape(b, s, g, rep, d).astype(k_cache.dtype)
   slot_ids = jnp.arange(length, dtype=jnp.int32)
 
-  def one_query(args):
-    q_s, slot_s, seg_s = args  # [B, G, R, D], [B], [B]
-    scores = jnp.einsum("bgrd,bgld->bgrl", q_s, k_cache, preferred_element_type=F32)
-    visible = ((slot_ids[None, :] <= slot_s[:, None]) & (key_segments == seg_s[:, None])
-               & (key_segments != 0))
-    scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
+  def one_block(args):
+    q_b, slot_b, seg_b = args  # [B, G, Qb*R, D] (query-major rows), [B, Qb], [B, Qb]
+    scores = jnp.einsum("bgrd,bgld->bgrl", q_b, k_cache, preferred_element_type=F32)
+    visible = ((slot_ids[None, None, :] <= slot_b[:, :, None])
+               & (key_segments[:, None, :] == seg_b[:, :, None])
+               & (key_segments[:, None, :] != 0))  # [B, Qb, L]
+    visible = jnp.repeat(visible, rep, axis=1)[:, None]  # [B, 1, Qb*R, L]
+    scores = jnp.where(visible, scores, -jnp.inf)
     peak = jnp.max(scores, axis=-1, keepdims=True)  # max is exact in any order
     peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
     probs = jnp.exp(scores - peak).astype(v1_cache.dtype)
@@ -110,8 +117,19 @@ def attention(q: jax.Array, k_cache: jax.Array, v1_cache: jax.Array, key_segment
     return jnp.where(norm > 0, out1[..., :d] / jnp.where(norm > 0, norm, 1.0), 0.0)
 
   if not exact:
-    out = jax.vmap(one_query, in_axes=((1, 1, 1),), out_axes=1)(
-        (q, query_slots, query_segments))
-    return out.reshape(b, s, h, d)
-  out = lax.map(one_query, (jnp.moveaxis(q, 1, 0), query_slots.T, query_segments.T))
-  return jnp.moveaxis(out, 0, 1).reshape(b, s, h, d)
+    rows = jnp.moveaxis(q, 1, 2).reshape(b, g, s * rep, d)
+    out = one_block((rows, query_slots, query_segments))  # all queries in one dot
+    return jnp.moveaxis(out.reshape(b, g, s, rep, d), 2, 1).reshape(b, s, h, d)
+  qb = query_block
+  nb = -(-s // qb)
+  pad = nb * qb - s
+  # Padding queries get segment 0: they see no key and produce zeros (dropped below).
+  q = jnp.pad(q, [(0, 0), (0, pad), (0, 0), (0, 0), (0, 0)])
+  slots = jnp.pad(query_slots, [(0, 0), (0, pad)])
+  segs = jnp.pad(query_segments, [(0, 0), (0, pad)])
+  q_blocks = q.reshape(b, nb, qb, g, rep, d).transpose(1, 0, 3, 2, 4, 5).reshape(
+      nb, b, g, qb * rep, d)
+  out = lax.map(one_block, (q_blocks, slots.reshape(b, nb, qb).transpose(1, 0, 2),
+                            segs.reshape(b, nb, qb).transpose(1, 0, 2)))
+  out = out.reshape(nb, b, g, qb, rep, d).transpose(1, 0, 3, 2, 4, 5)
+  return out.reshape(b, nb * qb, h, d)[:, :s]
