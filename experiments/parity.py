@@ -29,7 +29,8 @@ def get_config(variant: str = "d512_moe") -> ml_collections.ConfigDict:
   # num_experts > 0); compute_dtypes lists the compute dtypes to run the whole suite under.
   c.model = ml_collections.ConfigDict({k: preset[k] for k in (
       "vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff",
-      "max_seq_len", "num_experts", "experts_per_token", "moe_d_ff", "row_tile")})
+      "max_seq_len", "num_experts", "experts_per_token", "moe_d_ff", "row_tile",
+      "attention_query_block")})
   c.model.moe_layers = ",".join(str(i) for i in preset["moe_layers"] or ())
   c.compute_dtypes = "bfloat16,float32"
   c.sampling = ml_collections.ConfigDict(dict(

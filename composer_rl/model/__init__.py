@@ -1,4 +1,5 @@
 """The model: configuration, parameters and the one forward. Knows nothing of RL."""
 from composer_rl.model.config import ModelConfig, PRESETS, get_preset
 from composer_rl.model.kv_cache import KVCache
-from composer_rl.model.transformer import ForwardOutput, Transformer, load_balancing_loss
+from composer_rl.model.transformer import (ForwardOutput, Transformer, inference_copy,
+                                           load_balancing_loss)

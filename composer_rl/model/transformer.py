@@ -105,24 +105,34 @@ class Transformer(nnx.Module):
     if not c.tie_embeddings:
       self.lm_head = _param(rngs, (c.d_model, c.vocab_size), ("embed", "vocab"), dtype=dt)
 
+  def _w(self, param: nnx.Param) -> jax.Array:
+    """A parameter as the forward consumes it: rounded to the compute dtype.
+
+    Every parameter but the router passes through here or through `exact.dense` (which
+    casts to the compute dtype too), so the forward on `inference_copy(state)` is the
+    forward on the fp32 master weights, bit for bit, and the inference copy that weight
+    sync ships is all compute-dtype except the (small) fp32 router.
+    """
+    return param[...].astype(self.config.compute_jnp_dtype)
+
   # ---- row-local pieces (called inside fixed row tiles) -------------------------------
   def logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [T, d] -> fp32 logits [T, vocab] (final norm + output projection)."""
     c = self.config
-    h = exact.rms_norm(hidden, self.final_norm[...], c.norm_eps)
+    h = exact.rms_norm(hidden, self._w(self.final_norm), c.norm_eps)
     w = self.embed[...].T if c.tie_embeddings else self.lm_head[...]
     return exact.dense(h, w, c.compute_jnp_dtype)
 
   def _qkv(self, attn: Attention, x, positions):
     c, dt = self.config, self.config.compute_jnp_dtype
-    h = exact.rms_norm(x, attn.norm[...], c.norm_eps)
+    h = exact.rms_norm(x, self._w(attn.norm), c.norm_eps)
     t = x.shape[0]
     q = exact.dense(h, attn.wq[...], dt).reshape(t, c.num_heads, c.head_dim)
     k = exact.dense(h, attn.wk[...], dt).reshape(t, c.num_kv_heads, c.head_dim)
     v = exact.dense(h, attn.wv[...], dt).reshape(t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
-      q = exact.rms_norm(q, attn.q_norm[...], c.norm_eps)
-      k = exact.rms_norm(k, attn.k_norm[...], c.norm_eps)
+      q = exact.rms_norm(q, self._w(attn.q_norm), c.norm_eps)
+      k = exact.rms_norm(k, self._w(attn.k_norm), c.norm_eps)
     q = exact.rope(q, positions, c.rope_theta) * (c.head_dim ** -0.5)
     k = exact.rope(k, positions, c.rope_theta)
     ones = jnp.ones(v.shape[:-1] + (1,), F32)
@@ -133,7 +143,7 @@ class Transformer(nnx.Module):
     c, dt = self.config, self.config.compute_jnp_dtype
     x = x + exact.dense(attn_out, block.attn.wo[...], dt)
     ffn = block.ffn
-    h = exact.rms_norm(x, ffn.norm[...], c.norm_eps)
+    h = exact.rms_norm(x, self._w(ffn.norm), c.norm_eps)
     if isinstance(ffn, MLP):
       act = jax.nn.silu(exact.dense(h, ffn.w_gate[...], dt)) * exact.dense(h, ffn.w_up[...], dt)
       return x + exact.dense(act, ffn.w_down[...], dt), None, None, None
@@ -166,7 +176,7 @@ class Transformer(nnx.Module):
       segment_ids = jnp.ones((b, s), jnp.int32)
     slots = cache_index.astype(jnp.int32)[:, None] + jnp.arange(s, dtype=jnp.int32)[None]
     segments = kvc.write_segments(cache.segments, segment_ids.astype(jnp.int32), slots)
-    x = self.embed[...][tokens].astype(F32).reshape(b * s, c.d_model)
+    x = self._w(self.embed)[tokens].astype(F32).reshape(b * s, c.d_model)
     pos_rows = positions.reshape(b * s).astype(jnp.int32)
     new_k, new_v1, all_ids, all_probs = [], [], [], []
     for i, block in enumerate(self.blocks):
@@ -200,6 +210,18 @@ class Transformer(nnx.Module):
         hidden=x.reshape(b, s, c.d_model),
         cache=kvc.KVCache(k=tuple(new_k), v1=tuple(new_v1), segments=segments),
         expert_ids=expert_ids, router_probs=router_probs)
+
+
+def inference_copy(state: nnx.State, config: ModelConfig) -> nnx.State:
+  """The weights a sampler needs: every leaf in the compute dtype, routers in fp32.
+
+  The forward gives identical bits on this copy and on the fp32 master (see
+  `Transformer._w`); weight sync publishes and diffs exactly this tree.
+  """
+  def cast(path, x):
+    keep_fp32 = any(getattr(k, "key", None) == "router" for k in path)
+    return x if keep_fp32 else x.astype(config.compute_jnp_dtype)
+  return jax.tree_util.tree_map_with_path(cast, state)
 
 
 def load_balancing_loss(expert_ids: jax.Array, router_probs: jax.Array,

@@ -94,3 +94,26 @@ def test_engine_rejects_overflow_and_bad_slots(model):
   prefix = eng.prefill(params=eng.load_params(), padded_tokens=[1, 2], request=Request(seq_id=0))
   with pytest.raises(ValueError, match="slot 1"):
     eng.insert(prefix, eng.init_decode_state(), 1)
+
+
+def test_engine_on_the_bf16_inference_copy_matches_the_fp32_trainer(model):
+  """Weight sync ships `inference_copy` (bf16 leaves, fp32 router); sampling from it must
+  still give the trainer's log-prob bits, computed from the fp32 master."""
+  from composer_rl.model import inference_copy
+  eng = Engine(model, slots=2, prefill_chunk=8)
+  copy = inference_copy(eng.params, model.config)
+  dtypes = {x.dtype for x in jax.tree.leaves(copy)}
+  assert np.dtype("bfloat16") in dtypes
+  req = Request(seq_id=5, seed=1, top_k=30)
+  prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+  prefix = eng.prefill(params=copy, padded_tokens=prompt, request=req)
+  state = eng.insert(prefix, eng.init_decode_state(), 0)
+  toks, lps = [int(prefix.token)], [prefix.logprob]
+  for _ in range(6):
+    state, step = eng.generate(copy, state)
+    toks.append(int(step.tokens[0]))
+    lps.append(step.logprobs[0])
+  scores = _score(model, [prompt + toks], req)
+  want = np.asarray([float(x) for x in lps], np.float32)
+  got = scores.logprobs[0, len(prompt) - 1:len(prompt) - 1 + len(toks)]
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
