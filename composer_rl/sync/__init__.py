@@ -1,0 +1,1 @@
+"""Weight sync: sparse bit-level deltas of the inference weights through Orbax."""
