@@ -147,6 +147,9 @@ class RolloutRunner:
   def _grade(self, s: LiveSession, reason: str) -> Trajectory:
     t = s.traj
     t.finish_reason = reason
+    for k, v in dict(getattr(s.env, "metrics", {}) or {}).items():
+      if isinstance(v, (int, float)):  # e.g. malformed_calls, tool_errors from the harness
+        t.metrics[k] = float(v)
     try:
       res = s.env.grade()
       t.reward = float(res.reward)
@@ -226,8 +229,8 @@ class RolloutRunner:
           s = tools.pop(fut)
           obs, done, info = fut.result()
           s.traj.observations.append(obs)
-          s.traj.metrics["malformed_calls"] = (s.traj.metrics.get("malformed_calls", 0)
-                                               + int(bool(info.get("malformed"))))
+          s.traj.metrics["tool_crashes"] = (s.traj.metrics.get("tool_crashes", 0)
+                                            + int(info.get("tool_crash", 0)))
           if done or s.traj.turns >= self.cfg.max_turns:
             grading[pool.submit(self._grade, s, "submitted" if done else "turn_budget")] = s
             continue

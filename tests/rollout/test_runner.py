@@ -39,6 +39,7 @@ class CountingEnv:
 
   def __init__(self, turns=3, delay=0.01, crash_on=None):
     self.turns, self.delay, self.crash_on, self.seen = turns, delay, crash_on, []
+    self.metrics = {"malformed_calls": 0}
 
   def reset(self):
     return "count bytes"
@@ -46,9 +47,10 @@ class CountingEnv:
   def step(self, text):
     time.sleep(self.delay)
     self.seen.append(text)
+    self.metrics["malformed_calls"] += int(not text)
     if self.crash_on == len(self.seen):
       raise RuntimeError("tool died")
-    return _Step(f"len={len(text)}", len(self.seen) >= self.turns, {"malformed": not text})
+    return _Step(f"len={len(text)}", len(self.seen) >= self.turns, {})
 
   def grade(self):
     return _Grade(float(any("a" in t for t in self.seen)))
@@ -128,7 +130,7 @@ def test_crashed_tool_is_an_observation_not_an_exception(setup):
   runner = RolloutRunner(eng, ChatFormat(tok), RolloutConfig(max_turns=2, max_turn_tokens=4),
                          eng.load_params())
   t = runner.run([("t", 0, CountingEnv(turns=2, crash_on=1))])[0]
-  assert "tool crashed" in t.observations[0] and t.metrics["malformed_calls"] == 0
+  assert "tool crashed" in t.observations[0] and t.metrics["tool_crashes"] == 1
   assert t.turns == 2
 
 
