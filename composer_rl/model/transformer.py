@@ -216,11 +216,12 @@ def inference_copy(state: nnx.State, config: ModelConfig) -> nnx.State:
   """The weights a sampler needs: every leaf in the compute dtype, routers in fp32.
 
   The forward gives identical bits on this copy and on the fp32 master (see
-  `Transformer._w`); weight sync publishes and diffs exactly this tree.
+  `Transformer._w`); weight sync publishes and diffs exactly this tree. Every leaf is a new
+  buffer, so the copy stays valid when the train step donates the master's buffers.
   """
   def cast(path, x):
     keep_fp32 = any(getattr(k, "key", None) == "router" for k in path)
-    return x if keep_fp32 else x.astype(config.compute_jnp_dtype)
+    return jnp.array(x, dtype=x.dtype if keep_fp32 else config.compute_jnp_dtype, copy=True)
   return jax.tree_util.tree_map_with_path(cast, state)
 
 

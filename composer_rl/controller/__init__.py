@@ -1,0 +1,1 @@
+"""The single controller: carves meshes, runs the rollout and trainer factories, logs."""
