@@ -3,8 +3,9 @@
 Weights are compared as their raw bit patterns (bf16 -> uint16, fp32 -> uint32), so "did
 not change" means bit-identical, and applying a delta reproduces the published tensor
 exactly. A delta for one leaf is the sorted flat positions that changed, delta-coded (gaps
-between consecutive positions: small integers that zstd compresses well), and the new bit
-patterns there.
+between consecutive positions, uint16 when they all fit, else uint32), and the XOR of the
+new and old bit patterns there: a small update flips low mantissa bits, so the XOR's high
+bits are almost all zero and zstd removes them.
 
 `fingerprint` is a position-weighted 64-bit sum over the bit patterns in uint32 arithmetic
 (wrap-around is associative, so any reduction order gives the same value): computed with
@@ -32,20 +33,25 @@ def bits_of(x) -> np.ndarray:
 
 def flatten(tree) -> Dict[str, np.ndarray]:
   """{'/'-joined key path: host array} for a pytree of arrays (nnx State or dicts)."""
+  return {k: np.asarray(v) for k, v in flatten_device(tree).items()}
+
+
+def flatten_device(tree) -> Dict[str, jax.Array]:
+  """Like `flatten`, but leaves stay where they are (no host copy)."""
   out = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-    key = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-    out[key] = np.asarray(leaf)
+    out["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = leaf
   return out
 
 
 def encode(old_bits: np.ndarray, new_bits: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-  """(gaps uint32, values) for the positions where `new_bits` differs from `old_bits`."""
+  """(gaps, xors) for the positions where `new_bits` differs from `old_bits`."""
   pos = np.flatnonzero(old_bits != new_bits)
-  gaps = np.diff(pos, prepend=0).astype(np.uint32)
+  gaps = np.diff(pos, prepend=0)
   if len(pos):
     gaps[0] = pos[0]
-  return gaps, new_bits[pos]
+  gaps = gaps.astype(np.uint16 if len(gaps) == 0 or gaps.max() < 2**16 else np.uint32)
+  return gaps, new_bits[pos] ^ old_bits[pos]
 
 
 def positions(gaps: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ delta would not be smaller), and garbage-collects versions no reader needs any m
 import time
 from typing import Dict, Optional
 
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
@@ -47,6 +48,9 @@ class WeightPublisher:
   def publish(self, tree) -> Dict:
     """Publishes `tree` (the inference copy) as the next version; returns its manifest."""
     t0 = time.perf_counter()
+    # Fingerprints are computed where the weights live (dispatched before the host copy).
+    device_fps = {k: codec.fingerprint_device(codec.device_bits(jnp.asarray(v)))
+                  for k, v in codec.flatten_device(tree).items()}
     arrays = codec.flatten(tree)
     bits = {k: codec.bits_of(v) for k, v in arrays.items()}
     version = 0 if self.version is None else self.version + 1
@@ -66,13 +70,13 @@ class WeightPublisher:
         nnz = b.size
       else:
         gaps, values = delta[k]
-        parts = {"gaps": gaps, "values": values}
+        parts = {"gaps": gaps, "xor": values}
         if len(gaps):
           payload[payload_key(k)] = parts
         nnz = len(gaps)
       changed += nnz
       leaves[k] = dict(shape=list(arrays[k].shape), dtype=str(arrays[k].dtype), nnz=int(nnz),
-                       fingerprint=list(codec.fingerprint_np(b)),
+                       fingerprint=[int(x) for x in np.asarray(device_fps[k])],
                        payload_key=payload_key(k), payload_sha256=store.payload_sha256(parts))
     kind = "anchor" if delta is None else "delta"
     anchor = version if kind == "anchor" else self._anchor

@@ -4,7 +4,7 @@
   ROOT/v00000012/manifest.json     what the version is (see below)
   ROOT/v00000012/payload/          Orbax PyTree checkpoint (OCDBT, zarr3, zstd):
                                      anchor: {leaf: raw bits}
-                                     delta:  {leaf: {"gaps": uint32[n], "values": bits[n]}}
+                                     delta:  {leaf: {"gaps": uint16|32[n], "xor": bits[n]}}
 
 manifest.json = {"format": "composer_rl.weights/1", "version", "parent" (null for an anchor),
 "kind": "anchor"|"delta", "anchor": the anchor version this chain starts from, "leaves":
@@ -100,7 +100,7 @@ def read_manifest(root: str, version: int) -> Dict:
 
 
 def read_payload(root: str, version: int, manifest: Dict) -> Dict:
-  """Reads and sha256-verifies a version's payload: {leaf: {"bits"} or {"gaps", "values"}}."""
+  """Reads and sha256-verifies a version's payload: {leaf: {"bits"} or {"gaps", "xor"}}."""
   path = os.path.join(version_dir(root, version), "payload")
   try:
     payload = _checkpointer().restore(path)
@@ -111,7 +111,7 @@ def read_payload(root: str, version: int, manifest: Dict) -> Dict:
     part = payload.get(meta["payload_key"]) if isinstance(payload, dict) else None
     if part is None:
       if manifest["kind"] == "delta" and meta["nnz"] == 0:  # unchanged leaf: nothing stored
-        part = {"gaps": np.zeros(0, np.uint32), "values": np.zeros(0, np.uint16)}
+        part = {"gaps": np.zeros(0, np.uint32), "xor": np.zeros(0, np.uint16)}
       else:
         raise VersionError(f"version {version}: payload lacks leaf {leaf}")
     arrays = part if isinstance(part, dict) else {"bits": part}

@@ -20,8 +20,9 @@ from composer_rl.sync.store import VersionError
 
 
 @jax.jit
-def _scatter(bits, pos, values):
-  return bits.at[pos].set(values, mode="drop")
+def _scatter_xor(bits, pos, xors):
+  old = bits.at[pos].get(mode="fill", fill_value=0)
+  return bits.at[pos].set(old ^ xors, mode="drop")
 
 
 def _capacity(n: int) -> int:
@@ -49,7 +50,8 @@ def materialize(root: str, version: int) -> Dict[str, np.ndarray]:
         bits[leaf] = payload[leaf]["bits"].copy()
       else:
         p = payload[leaf]
-        bits[leaf][codec.positions(p["gaps"])] = p["values"]
+        pos = codec.positions(p["gaps"])
+        bits[leaf][pos] ^= p["xor"].astype(bits[leaf].dtype)
       if list(codec.fingerprint_np(bits[leaf])) != meta["fingerprint"]:
         raise VersionError(f"version {v}: leaf {leaf} fails its fingerprint")
     metas = mv["leaves"]
@@ -140,9 +142,9 @@ class WeightSubscriber:
           size = int(np.prod(meta["shape"]))
           pos = np.full(cap, size, np.int64)  # out-of-range padding is dropped
           pos[:n] = codec.positions(p["gaps"])
-          vals = np.zeros(cap, p["values"].dtype)
-          vals[:n] = p["values"]
-          b = _scatter(bits[leaf], jnp.asarray(pos, jnp.int32), jnp.asarray(vals))
+          xors = np.zeros(cap, bits[leaf].dtype)
+          xors[:n] = p["xor"]
+          b = _scatter_xor(bits[leaf], jnp.asarray(pos, jnp.int32), jnp.asarray(xors))
         got = np.asarray(codec.fingerprint_device(b)).tolist()
         if got != meta["fingerprint"]:
           raise VersionError(f"version {v}: leaf {leaf} fails its fingerprint after applying")
