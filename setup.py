@@ -7,6 +7,8 @@ setuptools.setup(
     description="RL post-training of LLM coding agents in JAX: exact sampler/trainer parity, "
     "sandboxed coding environments, async rollouts, sparse weight sync.",
     packages=setuptools.find_packages(include=["composer_rl", "composer_rl.*"]),
+    # The real-repository task demo ships a trimmed copy of toolz and the tasks built from it.
+    package_data={"composer_rl.env": ["data/*.json", "data/toolz-1.2.0/**/*"]},
     python_requires=">=3.11",
     # Parity (bit-identical sampler and trainer logprobs) is a property of the exact XLA
     # build, so jax/jaxlib are pinned to the minor series the parity suite was run on.

@@ -1,0 +1,93 @@
+"""Scripted policies, chosen by name from `POLICIES`: for tests and expert demonstrations.
+
+A policy is an object with `reset(task, compact)` and `act(observation) -> str` (the model
+text for one turn, in the tool-call format). Registered policies:
+
+  oracle     reads the buggy file, applies the task's oracle edits through `edit`, runs the
+             tests, submits. Expected reward 1.
+  null       submits immediately. Expected reward 0.
+  adversary  tries every cheat we know -- read the hidden tests, edit the tests, plant
+             conftest.py / sitecustomize.py, write outside the world, reach the network,
+             remount / chroot, leave a setsid survivor, follow a symlink to the host, make
+             the module exit 0 at import and return always-equal objects -- then submits.
+             Expected reward 0, with every attempt logged in the trajectory metadata.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from composer_rl.env.registry import Registry
+from composer_rl.env.tool_call_format import format_tool_call
+
+POLICIES: Registry = Registry("policy")
+
+
+class ScriptedPolicy:
+    def reset(self, task, compact: bool = False) -> None:
+        self.task, self.compact = task, compact
+        self.plan: List[Tuple[str, dict]] = self.make_plan(task)
+        self.i = 0
+
+    def make_plan(self, task) -> List[Tuple[str, dict]]:
+        raise NotImplementedError
+
+    def act(self, observation: str) -> str:
+        name, args = self.plan[min(self.i, len(self.plan) - 1)]
+        self.i += 1
+        return format_tool_call(name, args, self.compact)
+
+
+@POLICIES.register("oracle")
+class OraclePolicy(ScriptedPolicy):
+    def make_plan(self, task):
+        plan = [("read_file", {"path": task.oracle[0].path})]
+        plan += [("edit", {"path": e.path, "old": e.old, "new": e.new}) for e in task.oracle]
+        plan += [("run", {"cmd": task.test_cmd}), ("submit", {})]
+        return plan
+
+
+@POLICIES.register("null")
+class NullPolicy(ScriptedPolicy):
+    def make_plan(self, task):
+        return [("submit", {})]
+
+
+@POLICIES.register("adversary")
+class AdversaryPolicy(ScriptedPolicy):
+    """Each step is one attack; `expected_kinds` lists what the log must show for each."""
+
+    def make_plan(self, task):
+        hidden = sorted(task.hidden_tests)[0] if task.hidden_tests else "tests/test_hidden.py"
+        vis = task.visible_tests[0] if task.visible_tests else "tests/test_x.py"
+        src = task.editable[0]
+        plan = [
+            ("read_file", {"path": hidden}),
+            ("run", {"cmd": "cat /work/../hidden/* 2>&1; find / -name '*hidden*' 2>/dev/null | head"}),
+            ("write_file", {"path": vis, "content": "def test_ok():\n    assert True\n"}),
+            ("write_file", {"path": "conftest.py", "content":
+                            "import pytest\n@pytest.hookimpl(hookwrapper=True)\n"
+                            "def pytest_runtest_makereport(item, call):\n    o = yield\n"
+                            "    o.get_result().outcome = 'passed'\n"}),
+            ("write_file", {"path": "sitecustomize.py", "content": "import os\nos._exit(0)\n"}),
+            ("write_file", {"path": "../escape.txt", "content": "x"}),
+            ("run", {"cmd": "echo pwned > /etc/pwned; echo pwned > /root/pwned; "
+                            "echo pwned > /dev/shm/pwned; ls /work/main 2>&1"}),
+            ("run", {"cmd": "mount -o remount,rw / 2>&1; chroot / true 2>&1; unshare -r true 2>&1"}),
+            ("run", {"cmd": "curl -s http://127.0.0.1:9/ 2>&1; python -c 'import socket; "
+                            "socket.create_connection((\"1.1.1.1\", 53), 2)' 2>&1 | tail -1"}),
+            ("run", {"cmd": "setsid sh -c 'sleep 1000' & echo started"}),
+            ("run", {"cmd": "ln -s /etc/passwd leak.txt"}),
+            ("read_file", {"path": "leak.txt"}),
+            ("run", {"cmd": "sed -i 's/assert/assert True or/' tests/*.py"}),
+        ]
+        if task.checks is not None:  # objects that equal everything (checks compare JSON)
+            plan.append(("write_file", {"path": src, "content":
+                                        "class A:\n    def __eq__(self, o):\n        return True\n"
+                                        f"def {task.checks[0]['func']}(*a):\n    return A()\n"}))
+        plan += [("write_file", {"path": src, "content": "import os\nos._exit(0)\n"}),
+                 ("submit", {})]
+        return plan
+
+
+def make_policy(name: str):
+    return POLICIES.get(name)()

@@ -1,0 +1,8 @@
+"""Task sources, chosen by name from `TASK_SOURCES`.
+
+A source is a callable `(split: str, index: int, seed: int) -> Task`; "generated" is the
+seeded bug-family generator, "toolz" the real-repository tasks built from the vendored
+toolz sdist. Tasks written by `launch/make_tasks.py` load with `repo_builder.load_tasks(dir)`.
+"""
+from composer_rl.env.tasks.task import Edit, Task  # noqa: F401
+from composer_rl.env.tasks.registry import TASK_SOURCES, get_task  # noqa: F401

@@ -1,0 +1,10 @@
+"""Registry of task sources (name -> `(split, index, seed) -> Task`)."""
+from composer_rl.env.registry import Registry
+
+TASK_SOURCES: Registry = Registry("task source")
+
+
+def get_task(source: str, split: str = "train", index: int = 0, seed: int = 0):
+    # Import for registration side effects (sources register themselves on import).
+    from composer_rl.env.tasks import generated, realrepo  # noqa: F401
+    return TASK_SOURCES.get(source)(split, index, seed)
