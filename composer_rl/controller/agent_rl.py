@@ -93,17 +93,27 @@ def oracle_demos(s: Setup, count: int) -> List[Trajectory]:
   return demos
 
 
+def write_rollouts(s: Setup, name: str, trajs: List[Trajectory]) -> None:
+  """Appends trajectories (exact logprob bits, turn texts, rewards) to workdir/rollouts/."""
+  d = os.path.join(s.workdir, "rollouts")
+  os.makedirs(d, exist_ok=True)
+  with open(os.path.join(d, f"{name}.jsonl"), "a") as f:
+    for t in trajs:
+      f.write(json.dumps(t.to_json()) + "\n")
+
+
 def evaluate(s: Setup, params, count: int, tag: str) -> Dict[str, float]:
   runner = s.runner(params, version=-1, greedy=True, seed=12345)
   jobs = [(f"heldout-{i}", i, make_env(s.task("heldout", i), s.env_config))
           for i in range(count)]
   t0 = time.time()
   trajs = runner.run(jobs, max_in_flight=s.config.rl.max_in_flight)
+  write_rollouts(s, f"eval_{tag}", trajs)
   solved = np.mean([t.reward >= 1.0 for t in trajs])
   out = {f"heldout_solve_rate_{tag}": float(solved),
          f"heldout_reward_{tag}": float(np.mean([t.reward for t in trajs])),
          f"eval_seconds_{tag}": time.time() - t0}
-  logging.info("eval %s: %s", tag, out)
+  s.metrics.write(0, out, phase=f"eval_{tag}")
   return out
 
 
@@ -180,6 +190,7 @@ def rl_stage(s: Setup, params) -> tuple:
         groups = factory.collect(c.groups_per_step)
       t1 = time.time()
       stats: Dict = {}
+      write_rollouts(s, f"rl_step_{k:05d}", [t for g in groups for t in g.trajectories])
       state, m = _train_on(s, step, state, groups, stats)
       runner.set_params(inference_copy(state.params, s.model_config), int(state.step))
       t2 = time.time()
