@@ -145,6 +145,12 @@ def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict) -> tuple:
   rewards = np.asarray([t.reward for t in trajs], np.float32)
   gids = np.asarray([t.group_id for t in trajs], np.int32)
   adv = np.asarray(adv_lib.compute_advantages(c.advantage, rewards, gids))
+  if not np.any(adv):
+    # Every group was all-success or all-failure: no learning signal. Skipping the update
+    # also stops AdamW's momentum from moving the weights on zero gradients.
+    stats["skipped_no_signal"] = 1
+    return state, dict(reward_mean=float(rewards.mean()),
+                       solve_rate=float(np.mean(rewards >= 1.0)))
   batch = build_batch(trajs, s.model_config.max_seq_len, num_rows=c.groups_per_step
                       * c.group_size, advantages=adv, temperature=c.temperature,
                       top_k=c.top_k, top_p=c.top_p)
