@@ -1,0 +1,131 @@
+"""Experiment config (ml_collections) -> validated dataclasses, with errors naming the field.
+
+An experiment's `get_config()` returns a ConfigDict with these sections (see
+`experiments/sft_tiny.py` for a complete, commented example):
+
+  mode        'sft' (supervised on trajectories) or 'rl_synthetic' (GRPO with the real
+              sampler on a verifiable toy reward).
+  seed        parameter init, data shuffling and sampling seed.
+  model       fields of `composer_rl.model.ModelConfig`.
+  mesh        sizes of the mesh axes data / fsdp / tensor / expert (product = devices used).
+  sharding_rules  ((logical_axis, mesh_axis or None), ...) for the parameters.
+  optimizer   fields of `composer_rl.train.optimizer.OptimizerConfig`.
+  loss        fields of `composer_rl.train.losses.LossConfig`.
+  train       steps, batch_size (rows per step; RL: groups_per_step * group_size), seq_len,
+              micro_batch_size, grad_reduce, log_every.
+  checkpoint  every_steps, max_to_keep, async_save.
+  data        SFT: jsonl (path; '' = synthetic), synthetic_num.
+  rl          group_size, groups_per_step, num_prompts, prompt_len, max_new_tokens,
+              temperature, target_token, advantage_estimator.
+"""
+import dataclasses
+from typing import Any, Dict
+
+from composer_rl.model import sharding as shd
+from composer_rl.model.config import ModelConfig
+from composer_rl.train import advantages, losses
+from composer_rl.train.optimizer import OptimizerConfig
+from composer_rl.train.train_step import TrainConfig
+
+MODES = ("sft", "rl_synthetic")
+
+
+class ConfigError(ValueError):
+  """A config value is missing, unknown, of the wrong type or out of range."""
+
+
+def _fields(section: str, cls, values: Dict[str, Any]):
+  known = {f.name for f in dataclasses.fields(cls)}
+  for k in values:
+    if k not in known:
+      raise ConfigError(f"config.{section}.{k}: unknown field; known: {sorted(known)}")
+  try:
+    return cls(**values)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.{section}: {e}") from None
+
+
+def _need(config, path: str, kind):
+  node = config
+  for part in path.split("."):
+    if part not in node:
+      raise ConfigError(f"config.{path}: missing")
+    node = node[part]
+  if kind is float and isinstance(node, int) and not isinstance(node, bool):
+    node = float(node)
+  if not isinstance(node, kind) or (kind is int and isinstance(node, bool)):
+    raise ConfigError(f"config.{path}: expected {kind.__name__}, got {node!r}")
+  return node
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """The validated config."""
+  mode: str
+  seed: int
+  model: ModelConfig
+  mesh: Dict[str, int]
+  rules: tuple
+  train: TrainConfig
+  raw: Any
+
+
+def build(config) -> Experiment:
+  """Validates `config` and builds the dataclasses; raises ConfigError naming the field."""
+  mode = _need(config, "mode", str)
+  if mode not in MODES:
+    raise ConfigError(f"config.mode: {mode!r}; choose one of {MODES}")
+  seed = _need(config, "seed", int)
+  model = _fields("model", ModelConfig, dict(config.model))
+  mesh = dict(config.mesh)
+  for k, v in mesh.items():
+    if k not in shd.MESH_AXES:
+      raise ConfigError(f"config.mesh.{k}: unknown mesh axis; known: {shd.MESH_AXES}")
+    if not isinstance(v, int) or v <= 0:
+      raise ConfigError(f"config.mesh.{k}: expected a positive int, got {v!r}")
+  rules = tuple(tuple(r) for r in config.sharding_rules)
+  for r in rules:
+    if len(r) != 2 or (r[1] is not None and r[1] not in shd.MESH_AXES):
+      raise ConfigError(f"config.sharding_rules: bad rule {r!r}; want (logical, mesh axis "
+                        f"in {shd.MESH_AXES} or None)")
+  opt = _fields("optimizer", OptimizerConfig, dict(config.optimizer))
+  loss = _fields("loss", losses.LossConfig, dict(config.loss))
+  for name, kind in (("steps", int), ("batch_size", int), ("seq_len", int),
+                     ("micro_batch_size", int), ("grad_reduce", str), ("log_every", int)):
+    _need(config, f"train.{name}", kind)
+  t = config.train
+  try:
+    train = TrainConfig(optimizer=opt, loss=loss, micro_batch_size=t.micro_batch_size,
+                        grad_reduce=t.grad_reduce)
+  except ValueError as e:
+    raise ConfigError(f"config.train: {e}") from None
+  if t.steps <= 0 or t.batch_size <= 0:
+    raise ConfigError(f"config.train.steps / batch_size must be positive, got {t.steps}, "
+                      f"{t.batch_size}")
+  if not 2 <= t.seq_len <= model.max_seq_len:
+    raise ConfigError(f"config.train.seq_len={t.seq_len} must be in [2, model.max_seq_len="
+                      f"{model.max_seq_len}]")
+  _need(config, "checkpoint.every_steps", int)
+  _need(config, "checkpoint.max_to_keep", int)
+  if mode == "rl_synthetic":
+    for name, kind in (("group_size", int), ("groups_per_step", int), ("num_prompts", int),
+                       ("prompt_len", int), ("max_new_tokens", int), ("temperature", float),
+                       ("target_token", int), ("advantage_estimator", str)):
+      _need(config, f"rl.{name}", kind)
+    r = config.rl
+    if r.advantage_estimator not in advantages.ESTIMATORS:
+      raise ConfigError(f"config.rl.advantage_estimator: {r.advantage_estimator!r}; known: "
+                        f"{sorted(advantages.ESTIMATORS)}")
+    if r.group_size * r.groups_per_step != t.batch_size:
+      raise ConfigError(f"config.train.batch_size={t.batch_size} must equal rl.group_size * "
+                        f"rl.groups_per_step = {r.group_size * r.groups_per_step}")
+    if r.prompt_len + r.max_new_tokens > t.seq_len:
+      raise ConfigError(f"config.rl.prompt_len + rl.max_new_tokens = "
+                        f"{r.prompt_len + r.max_new_tokens} exceeds train.seq_len={t.seq_len}")
+    if not 0 <= r.target_token < model.vocab_size:
+      raise ConfigError(f"config.rl.target_token={r.target_token} outside the vocabulary")
+  if mode == "sft" and loss.policy_loss != "sft":
+    raise ConfigError(f"config.loss.policy_loss must be 'sft' in mode 'sft', got "
+                      f"{loss.policy_loss!r}")
+  return Experiment(mode=mode, seed=seed, model=model, mesh=mesh, rules=rules, train=train,
+                    raw=config)

@@ -1,0 +1,259 @@
+"""The sharded train step: microbatched value_and_grad, deterministic gradient reduction,
+global-norm clip and AdamW, as one jitted program over a device mesh.
+
+Layout. Parameters (fp32 master copies) and optimizer moments are stored sharded by their
+logical axis names (`composer_rl.model.sharding.param_shardings`, rules from the
+experiment). Matmuls run in `ModelConfig.compute_dtype` (bf16) with fp32 accumulation.
+Inside the step, a `shard_map` over the batch axes (data, fsdp) all-gathers the weights and
+runs the *single-device* program on each device's rows -- the same scheme as the sampler,
+which is why every per-token log-prob is bitwise identical to the sampler's and to a
+1-device run.
+
+Determinism across device counts. Each device splits its rows into microbatches of
+`micro_batch_size` rows and computes one gradient per microbatch (the same program on the
+same shapes whatever the device count). Microbatch gradients are then summed in a fixed
+balanced binary tree: first over a device's own microbatches, then over devices after an
+all-gather (which moves bits, it does not add). When the number of microbatches per device
+and the number of devices are powers of two, the device-local subtrees are exactly subtrees
+of the 1-device tree, so loss, gradients, gradient norm and updated parameters are bitwise
+identical on 1 and N devices. `grad_reduce='psum'` uses XLA's all-reduce instead (less
+memory and communication; sums in a backend-chosen order, so the last bits can differ).
+"""
+import dataclasses
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from composer_rl.model import sharding as shd
+from composer_rl.model.config import ModelConfig
+from composer_rl.model.transformer import Transformer, load_balancing_loss
+from composer_rl.train import losses
+from composer_rl.train.batch import TrainBatch
+from composer_rl.train.optimizer import (OptimizerConfig, clip_by_global_norm, global_norm,
+                                         make_optimizer, schedule)
+from composer_rl.train.scoring import score_tokens
+
+F32 = jnp.float32
+GRAD_REDUCE = ("tree", "psum")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """How one step turns a batch into an update.
+
+  optimizer: AdamW, schedule and clipping (`OptimizerConfig`).
+  loss: the objective (`losses.LossConfig`); policy_loss='sft' for supervised training.
+  micro_batch_size: rows per gradient computation. A batch of B rows on D batch shards runs
+    B / (D * micro_batch_size) microbatches per device, one after another (gradient
+    accumulation); it bounds activation memory and fixes the program shape that makes the
+    step bitwise across device counts.
+  grad_reduce: 'tree' (fixed-order sum; bitwise across device counts when microbatches
+    per device and devices are powers of two) or 'psum' (all-reduce; faster, not bitwise).
+  """
+  optimizer: OptimizerConfig = OptimizerConfig()
+  loss: losses.LossConfig = losses.LossConfig()
+  micro_batch_size: int = 1
+  grad_reduce: str = "tree"
+
+  def __post_init__(self):
+    if self.micro_batch_size <= 0:
+      raise ValueError(f"micro_batch_size must be positive, got {self.micro_batch_size}")
+    if self.grad_reduce not in GRAD_REDUCE:
+      raise ValueError(f"grad_reduce={self.grad_reduce!r}; choose one of {GRAD_REDUCE}")
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a resumed run needs from the device side.
+
+  step: int32 number of optimizer updates applied so far (= the policy version).
+  params: pure-dict tree of fp32 master weights (`nnx.merge(graphdef, params)` is the model).
+  opt_state: optax AdamW state (moments sharded like params).
+  rng: uint32[2] raw key data; advanced every step (for stochastic extensions; the loop's
+    sampler keys derive from it too).
+  ref_params: frozen reference policy for the KL penalty, or None.
+  """
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+  ref_params: Any = None
+
+
+def tree_sum(stack: Any, combine: Callable[[Any, Any], Any]) -> Any:
+  """Pairwise (balanced binary tree) reduction over the leading axis of every leaf."""
+  n = jax.tree.leaves(stack)[0].shape[0]
+  items = [jax.tree.map(lambda x, i=i: x[i], stack) for i in range(n)]
+  while len(items) > 1:
+    paired = [combine(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
+    items = paired + ([items[-1]] if len(items) % 2 else [])
+  return items[0]
+
+
+def _param_shardings(abstract_state, mesh: Mesh, rules):
+  """`shd.param_shardings` for an abstract (eval_shape) state: no parameter is materialized."""
+  def one(var):
+    meta = var.get_metadata()
+    names = meta.get("sharding_names") or meta.get("out_sharding")
+    shape = var.get_value().shape
+    spec = tuple(shd.logical_to_spec(names, rules)) if names else ()
+    spec = spec + (None,) * (len(shape) - len(spec))
+    # An axis that does not divide the dimension stays replicated (tiny models).
+    return NamedSharding(mesh, P(*[a if a is not None and d % mesh.shape[a] == 0 else None
+                                   for d, a in zip(shape, spec)]))
+  return jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _combine(a, b):
+  ga, la, ma = a
+  gb, lb, mb = b
+  return (jax.tree.map(jnp.add, ga, gb), la + lb, losses.combine_metrics(ma, mb))
+
+
+class TrainStep:
+  """Builds and holds the compiled step for one model, train config and mesh.
+
+  `step(state, batch) -> (state, metrics)` is the jitted update; `init_state(seed)` creates
+  sharded initial state; `shard_batch(batch)` places a host batch on the mesh.
+  """
+
+  def __init__(self, model_config: ModelConfig, train_config: TrainConfig, mesh: Mesh,
+               rules: Sequence[Tuple[str, Optional[str]]] = shd.DEFAULT_RULES):
+    self.model_config, self.config, self.mesh = model_config, train_config, mesh
+    abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
+    self.graphdef, abstract_state = nnx.split(abstract)
+    self.param_shardings = nnx.to_pure_dict(_param_shardings(abstract_state, mesh, rules))
+    self.optimizer = make_optimizer(train_config.optimizer)
+    self.lr_schedule = schedule(train_config.optimizer)
+    self.replicated = NamedSharding(mesh, P())
+    self.batch_axes = shd.batch_axes(mesh)
+    self.num_shards = shd.num_batch_shards(mesh)
+    abstract_params = nnx.to_pure_dict(abstract_state)
+    abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
+    opt_shardings = optax.tree_map_params(
+        self.optimizer, lambda _, s: s, abstract_opt, self.param_shardings,
+        transform_non_params=lambda _: self.replicated)
+    use_ref = train_config.loss.kl_coef > 0
+    self.state_shardings = TrainState(
+        step=self.replicated, params=self.param_shardings, opt_state=opt_shardings,
+        rng=self.replicated, ref_params=self.param_shardings if use_ref else None)
+    self.step = jax.jit(self._step, donate_argnums=0,
+                        out_shardings=(self.state_shardings, self.replicated))
+
+  # ---- state ---------------------------------------------------------------------------
+  def _build_state(self, seed: int, params: Any = None) -> TrainState:
+    if params is None:
+      params = nnx.to_pure_dict(nnx.split(
+          Transformer(self.model_config, rngs=nnx.Rngs(seed)))[1])
+    ref = params if self.config.loss.kl_coef > 0 else None
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=self.optimizer.init(params),
+                      rng=jax.random.key_data(jax.random.key(seed)), ref_params=ref)
+
+  def init_state(self, seed: int, params: Any = None) -> TrainState:
+    """Fresh state from `Transformer(..., rngs=nnx.Rngs(seed))`, or from given params (e.g.
+    an SFT checkpoint). The reference policy (if the loss needs one) is the initial params."""
+    return jax.jit(lambda p: self._build_state(seed, p),
+                   out_shardings=self.state_shardings)(params)
+
+  def abstract_state(self) -> TrainState:
+    """ShapeDtypeStructs with shardings: the restore target for checkpoints."""
+    shapes = jax.eval_shape(lambda: self._build_state(0))
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, self.state_shardings)
+
+  def shard_batch(self, batch: TrainBatch) -> TrainBatch:
+    rows = batch.tokens.shape[0]
+    per = self.num_shards * self.config.micro_batch_size
+    if rows % per:
+      raise ValueError(f"batch of {rows} rows does not split into {self.num_shards} shards x "
+                       f"micro_batch_size={self.config.micro_batch_size}; pad it to a "
+                       f"multiple of {per} (build_batch(num_rows=...))")
+    return jax.device_put(batch, NamedSharding(self.mesh, P(self.batch_axes)))
+
+  def model(self, params) -> Transformer:
+    return nnx.merge(self.graphdef, params)
+
+  # ---- the step ------------------------------------------------------------------------
+  def _micro_loss(self, params, ref_params, mb: TrainBatch, norms: losses.Normalizers):
+    model = nnx.merge(self.graphdef, params)
+    sc = score_tokens(model, mb.tokens, mb.sampling, mb.segment_ids, mb.positions)
+    mask = mb.loss_mask * mb.rows_valid[:, None]
+    ref_lp = None
+    if self.config.loss.kl_coef > 0:
+      ref = nnx.merge(self.graphdef, ref_params)
+      ref_lp = jax.lax.stop_gradient(
+          score_tokens(ref, mb.tokens, mb.sampling, mb.segment_ids, mb.positions).logprobs)
+    loss, metrics = losses.policy_objective(sc.logprobs, mb.behaviour_logprobs, mb.advantages,
+                                            mask, norms, self.config.loss, ref_lp, sc.entropy)
+    if self.model_config.num_experts:
+      # Load balancing per microbatch, weighted by its share of the batch's sequences.
+      valid = (mb.segment_ids > 0) & (mb.rows_valid[:, None] > 0)
+      aux = load_balancing_loss(sc.expert_ids, sc.router_probs, valid)
+      aux = aux * jnp.sum(mb.rows_valid) / norms.num_seqs
+      loss = loss + self.model_config.router_aux_loss_coef * aux
+      metrics["router_aux"] = jax.lax.stop_gradient(aux)
+    metrics["loss"] = jax.lax.stop_gradient(loss)
+    return loss, metrics
+
+  def _shard_grads(self, params, ref_params, norms, batch: TrainBatch):
+    """Runs on one device: its rows -> (grads, loss, metrics) reduced over all devices."""
+    mbs = self.config.micro_batch_size
+    num_micro = batch.tokens.shape[0] // mbs
+    micro = jax.tree.map(lambda x: x.reshape((num_micro, mbs) + x.shape[1:]), batch)
+
+    def one(mb):
+      (loss, metrics), grads = jax.value_and_grad(self._micro_loss, has_aux=True)(
+          params, ref_params, mb, norms)
+      return grads, loss, metrics
+
+    local = tree_sum(jax.lax.map(one, micro), _combine)
+    if self.config.grad_reduce == "tree":
+      gathered = jax.tree.map(lambda x: jax.lax.all_gather(x, self.batch_axes), local)
+      grads, loss, metrics = tree_sum(gathered, _combine)
+    else:
+      grads, loss = jax.lax.psum((local[0], local[1]), self.batch_axes)
+      metrics = {k: (jax.lax.pmax(v, self.batch_axes) if k.endswith("_max") else
+                     jax.lax.pmin(v, self.batch_axes) if k.endswith("_min") else
+                     jax.lax.psum(v, self.batch_axes)) for k, v in local[2].items()}
+    return grads, loss, metrics, global_norm(grads)
+
+  def _step(self, state: TrainState, batch: TrainBatch):
+    norms = losses.normalizers(batch.loss_mask * batch.rows_valid[:, None], batch.rows_valid)
+    rep = lambda tree: jax.tree.map(lambda _: P(), tree)
+    fn = jax.shard_map(
+        self._shard_grads, mesh=self.mesh,
+        in_specs=(rep(state.params), rep(state.ref_params), rep(norms),
+                  jax.tree.map(lambda _: P(self.batch_axes), batch)),
+        out_specs=P(), check_vma=False)
+    grads, loss, m, gnorm = fn(state.params, state.ref_params, norms, batch)
+    grads = clip_by_global_norm(grads, gnorm, self.config.optimizer.max_grad_norm)
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              rng=jax.random.key_data(jax.random.fold_in(
+                                  jax.random.wrap_key_data(state.rng), state.step)))
+    tokens = jnp.maximum(m["tokens"], 1.0)
+    metrics = {"loss": loss, "grad_norm": gnorm, "learning_rate": self.lr_schedule(state.step),
+               "tokens": m["tokens"], "policy_loss": m["policy_loss"],
+               "ratio_mean": m["ratio_sum"] / tokens, "ratio_max": m["ratio_max"],
+               "ratio_min": m["ratio_min"], "ratio_not_one_frac": m["ratio_not_one"] / tokens,
+               "clip_frac": m["clipped"] / tokens,
+               "kl_behaviour": m["kl_behaviour_sum"] / tokens,
+               "logp_mean": m["logp_sum"] / tokens,
+               "entropy": m.get("entropy_sum", jnp.zeros(())) / tokens}
+    for k in ("kl_ref", "router_aux"):
+      if k in m:
+        metrics[k] = m[k]
+    return new_state, metrics
+
+
+def make_train_step(model_config: ModelConfig, train_config: TrainConfig, mesh: Mesh,
+                    rules=shd.DEFAULT_RULES) -> TrainStep:
+  """The controller's entry point: see `TrainStep`."""
+  return TrainStep(model_config, train_config, mesh, rules)
