@@ -56,15 +56,16 @@ def logical_to_spec(names: Sequence[Optional[str]], rules=DEFAULT_RULES) -> P:
 
 
 def param_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES):
-
+  """NamedShardings for an nnx state (concrete, or abstract from `nnx.eval_shape`: nothing
+  is materialized) from its params' `out_sharding` (logical) metadata."""
   def one(var):
-    names = var.get_metadata().get("sharding_names") or var.get_metadata().get("out_sharding")
-    spec = logical_to_spec(names, rules) if names else P()
+    names = var.get_metadata().get("out_sharding")
+    shape = var.get_value().shape
+    spec = tuple(logical_to_spec(names, rules)) if names else ()
+    spec = spec + (None,) * (len(shape) - len(spec))
     # An axis that does not divide the dimension stays replicated (tiny models).
-    parts = []
-    for dim, axis in zip(var[...].shape, tuple(spec) + (None,) * var[...].ndim):
-      parts.append(axis if axis is not None and dim % mesh.shape[axis] == 0 else None)
-    return NamedSharding(mesh, P(*parts[:var[...].ndim]))
+    return NamedSharding(mesh, P(*[a if a is not None and d % mesh.shape[a] == 0 else None
+                                   for d, a in zip(shape, spec)]))
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 

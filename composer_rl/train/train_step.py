@@ -95,20 +95,6 @@ def tree_sum(stack: Any, combine: Callable[[Any, Any], Any]) -> Any:
   return items[0]
 
 
-def _param_shardings(abstract_state, mesh: Mesh, rules):
-  """`shd.param_shardings` for an abstract (eval_shape) state: no parameter is materialized."""
-  def one(var):
-    meta = var.get_metadata()
-    names = meta.get("sharding_names") or meta.get("out_sharding")
-    shape = var.get_value().shape
-    spec = tuple(shd.logical_to_spec(names, rules)) if names else ()
-    spec = spec + (None,) * (len(shape) - len(spec))
-    # An axis that does not divide the dimension stays replicated (tiny models).
-    return NamedSharding(mesh, P(*[a if a is not None and d % mesh.shape[a] == 0 else None
-                                   for d, a in zip(shape, spec)]))
-  return jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
 def _combine(a, b):
   ga, la, ma = a
   gb, lb, mb = b
@@ -127,7 +113,7 @@ class TrainStep:
     self.model_config, self.config, self.mesh = model_config, train_config, mesh
     abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
     self.graphdef, abstract_state = nnx.split(abstract)
-    self.param_shardings = nnx.to_pure_dict(_param_shardings(abstract_state, mesh, rules))
+    self.param_shardings = nnx.to_pure_dict(shd.param_shardings(abstract_state, mesh, rules))
     self.optimizer = make_optimizer(train_config.optimizer)
     self.lr_schedule = schedule(train_config.optimizer)
     self.replicated = NamedSharding(mesh, P())
