@@ -50,12 +50,17 @@ class Setup:
     self.chat = ChatFormat(self.tok)
     self.model_config = ModelConfig(**dict(config.model), vocab_size=self.tok.vocab_size)
     self.mesh = sharding.make_mesh({"data": -1})
+    self.shards = sharding.num_batch_shards(self.mesh)
     self.env_config = EnvConfig(compact_prompt=True, max_turns=config.env.max_turns,
                                 grade_timeout_s=config.env.grade_timeout_s)
     abstract = nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0)))
     self.engine = Engine(abstract, slots=config.rl.slots,
                          prefill_chunk=config.rl.prefill_chunk)
     self.metrics = MetricsWriter(workdir)
+
+  def rows(self, n: int) -> int:
+    """Batch rows for n records: padded up to a multiple of the batch shards."""
+    return -(-n // self.shards) * self.shards
 
   def task(self, split: str, index: int):
     return generated.generate(split, index, self.config.tasks.seed)
@@ -127,7 +132,8 @@ def sft_stage(s: Setup):
   rng = np.random.default_rng(s.config.seed)
   for k in range(c.steps):
     pick = rng.choice(len(demos), c.batch_size, replace=len(demos) < c.batch_size)
-    batch = build_batch([demos[i] for i in pick], s.model_config.max_seq_len)
+    batch = build_batch([demos[i] for i in pick], s.model_config.max_seq_len,
+                        num_rows=s.rows(c.batch_size))
     state, m = step.step(state, step.shard_batch(batch))
     if k % c.log_every == 0 or k == c.steps - 1:
       s.metrics.write(k, {k2: float(v) for k2, v in jax.device_get(m).items()}, phase="sft")
@@ -151,8 +157,9 @@ def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict) -> tuple:
     stats["skipped_no_signal"] = 1
     return state, dict(reward_mean=float(rewards.mean()),
                        solve_rate=float(np.mean(rewards >= 1.0)))
-  batch = build_batch(trajs, s.model_config.max_seq_len, num_rows=c.groups_per_step
-                      * c.group_size, advantages=adv, temperature=c.temperature,
+  batch = build_batch(trajs, s.model_config.max_seq_len,
+                      num_rows=s.rows(c.groups_per_step * c.group_size), advantages=adv,
+                      temperature=c.temperature,
                       top_k=c.top_k, top_p=c.top_p)
   state, m = step.step(state, step.shard_batch(batch))
   out = {k: float(v) for k, v in jax.device_get(m).items()}
