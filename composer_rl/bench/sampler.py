@@ -17,7 +17,6 @@ from absl import app, flags
 import composer_rl  # noqa: F401  (parity XLA flags)
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 

@@ -15,7 +15,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 

@@ -18,7 +18,6 @@ from typing import Dict, List
 
 import jax
 import numpy as np
-from absl import logging
 from flax import nnx
 
 from composer_rl.controller.metrics import MetricsWriter

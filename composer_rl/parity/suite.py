@@ -15,7 +15,7 @@ only to size a failure.
 """
 import dataclasses
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ from flax import nnx
 from composer_rl.model import sharding
 from composer_rl.model.config import ModelConfig
 from composer_rl.model.transformer import Transformer
-from composer_rl.sampling.sampler import Sample, Sampler, SamplingConfig, unpack_samples
+from composer_rl.sampling.sampler import Sample, Sampler, SamplingConfig
 from composer_rl.train.scoring import score_tokens
 
 

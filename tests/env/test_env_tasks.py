@@ -1,6 +1,5 @@
 """Generated tasks: deterministic, split-disjoint, many; real-repo builder and its CLI."""
 import json
-import os
 import subprocess
 import sys
 

@@ -1,5 +1,4 @@
 """The sampling transform and RNG scheme, against hand-computed values."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -2,7 +2,6 @@
 mid-run, and every sampled token's log-prob equals the trainer's recomputation under the
 version that sampled it, bit for bit."""
 import dataclasses
-import threading
 import time
 
 import jax

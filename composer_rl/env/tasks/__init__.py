@@ -6,3 +6,6 @@ toolz sdist. Tasks written by `launch/make_tasks.py` load with `repo_builder.loa
 """
 from composer_rl.env.tasks.task import Edit, Task  # noqa: F401
 from composer_rl.env.tasks.registry import TASK_SOURCES, get_task  # noqa: F401
+# The built-in sources register themselves on import, so TASK_SOURCES lists them as soon as
+# the package is imported.
+from composer_rl.env.tasks import generated, realrepo  # noqa: F401,E402
