@@ -69,7 +69,6 @@ class LiveSession:
   saved_version: int = -1          # policy version that computed `saved`
   turn_tokens: int = 0             # tokens sampled in the current turn
   turn_start: int = 0              # index in traj.tokens where the current turn began
-  done: bool = False
 
   def append(self, token: int, sampled: bool, logprob: float = 0.0, version: int = -1):
     t = self.traj
