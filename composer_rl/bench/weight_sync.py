@@ -99,8 +99,9 @@ def _measure(name, cfg, lrs, steps, tmp):
       sampler = Sampler(nnx.merge(graphdef, params))
       batch = _rl_batch(sampler, cfg, k)
       params, opt_state = step_fn(params, opt_state, *batch, rows)
+      copy = jax.block_until_ready(inference_copy(params, cfg))  # both paths need it
       t0 = time.perf_counter()
-      m = pub.publish(inference_copy(params, cfg))
+      m = pub.publish(copy)
       pub_s.append(time.perf_counter() - t0)
       t0 = time.perf_counter()
       sub.poll()

@@ -11,21 +11,29 @@
      runs them one after the other instead, for comparison.
   4. Held-out solve rate again, and a JSON summary as the last stdout line.
 """
+import dataclasses
+import hashlib
+import itertools
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from composer_rl.controller import placement
 from composer_rl.controller.metrics import MetricsWriter
+from composer_rl.controller.remote_rollouts import RemoteRollouts
 from composer_rl.controller.rollout_factory import Group, Ledger, RolloutFactory
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.harness import EnvConfig, make_env
 from composer_rl.env.policies import make_policy
 from composer_rl.env.tasks import generated
+from composer_rl.env.tool_call_format import ToolCallError, parse_tool_call
 from composer_rl.model import ModelConfig, Transformer, inference_copy, sharding
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
@@ -35,26 +43,35 @@ from composer_rl.sampling.engine import Engine
 from composer_rl.train import advantages as adv_lib
 from composer_rl.train import losses
 from composer_rl.train.batch import build_batch
+from composer_rl.train.checkpoint import Checkpointer
 from composer_rl.train.optimizer import OptimizerConfig
 from composer_rl.train.sft import make_sft_step
 from composer_rl.train.train_step import TrainConfig, make_train_step
 
 
 class Setup:
-  """Everything both stages share, built once from the config."""
+  """Everything the stages share, built once from the config. `worker=True` is a remote
+  rollout worker's view: no train mesh, one engine over all of its devices."""
 
-  def __init__(self, config, workdir: str):
+  def __init__(self, config, workdir: str, worker: bool = False):
     self.config, self.workdir = config, workdir
     self.tok = ByteTokenizer()
     self.chat = ChatFormat(self.tok)
     self.model_config = ModelConfig(**dict(config.model), vocab_size=self.tok.vocab_size)
-    self.mesh = sharding.make_mesh({"data": -1})
-    self.shards = sharding.num_batch_shards(self.mesh)
+    if worker:
+      inference_meshes = [sharding.make_mesh({"data": -1})]
+      self.mesh, self.shards = None, 1
+    else:
+      plan = placement.carve(jax.devices(), config.mesh.train_fraction,
+                             config.mesh.inference_meshes)
+      self.mesh, inference_meshes = plan.train_mesh, plan.inference_meshes
+      self.shards = sharding.num_batch_shards(self.mesh)
     self.env_config = EnvConfig(compact_prompt=True, max_turns=config.env.max_turns,
-                                grade_timeout_s=config.env.grade_timeout_s)
+                                grade_timeout_s=config.env.grade_timeout_s,
+                                system_prompt=config.env.system_prompt)
     abstract = nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0)))
-    self.engine = Engine(abstract, slots=config.rl.slots,
-                         prefill_chunk=config.rl.prefill_chunk)
+    self.engines = [Engine(abstract, slots=config.rl.slots, prefill_chunk=config.rl.prefill_chunk,
+                           mesh=m) for m in inference_meshes]
     self.metrics = MetricsWriter(workdir)
 
   def rows(self, n: int) -> int:
@@ -64,32 +81,47 @@ class Setup:
   def task(self, split: str, index: int):
     return generated.generate(split, index, self.config.tasks.seed)
 
-  def runner(self, params, version: int, greedy: bool, seed: int) -> RolloutRunner:
+  def sampler_params(self, train_params, engine: int):
+    """The trainer's params as engine `engine` computes with them: compute-dtype copies,
+    moved (resharded) onto its inference mesh."""
+    return self.engines[engine].place(inference_copy(train_params, self.model_config))
+
+  def rollout_config(self, greedy: bool, seed: int) -> RolloutConfig:
     c = self.config.rl
-    rcfg = RolloutConfig(max_turns=self.config.env.max_turns, max_turn_tokens=c.max_turn_tokens,
+    return RolloutConfig(max_turns=self.config.env.max_turns, max_turn_tokens=c.max_turn_tokens,
                          temperature=1.0 if greedy else c.temperature,
                          top_k=1 if greedy else c.top_k, top_p=1.0 if greedy else c.top_p,
                          seed=seed, tool_workers=c.tool_workers)
-    return RolloutRunner(self.engine, self.chat, rcfg,
-                         inference_copy(params, self.model_config), version)
+
+  def runner(self, params, version: int, greedy: bool, seed: int,
+             engine: int = 0) -> RolloutRunner:
+    return RolloutRunner(self.engines[engine], self.chat, self.rollout_config(greedy, seed),
+                         self.sampler_params(params, engine), version)
+
+  def train_env(self, task_index: int):
+    return make_env(self.task("train", task_index), self.env_config)
 
 
-def oracle_demos(s: Setup, count: int) -> List[Trajectory]:
-  """Oracle sessions on the first `count` train tasks (cached in the workdir)."""
-  path = os.path.join(s.workdir, "oracle_demos.jsonl")
+def demonstrations(s: Setup) -> List[Trajectory]:
+  """Scripted sessions of `config.sft.demo_policy` on the first train tasks, all kept
+  (an imperfect demonstrator's failures are part of what SFT imitates). Cached in the
+  workdir under a name that hashes everything they depend on."""
+  c = s.config.sft
+  key = json.dumps([c.demo_policy, dict(c.demo_policy_args), c.num_demos,
+                    s.config.tasks.seed, dataclasses.asdict(s.env_config)], sort_keys=True,
+                   default=str)
+  path = os.path.join(s.workdir, f"demos_{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl")
   if os.path.exists(path):
     with open(path) as f:
-      demos = [Trajectory.from_json(json.loads(line)) for line in f]
-    if len(demos) >= count:
-      return demos[:count]
-  from concurrent.futures import ThreadPoolExecutor  # pylint: disable=g-import-not-at-top
+      return [Trajectory.from_json(json.loads(line)) for line in f]
 
   def one(i):
     task = s.task("train", i)
-    return scripted_trajectory(make_policy("oracle"), task, make_env(task, s.env_config),
-                               s.chat, session_id=i)
+    policy = make_policy(c.demo_policy, **dict(c.demo_policy_args))
+    return scripted_trajectory(policy, task, make_env(task, s.env_config), s.chat,
+                               session_id=i)
   with ThreadPoolExecutor(s.config.rl.tool_workers) as pool:
-    demos = [d for d in pool.map(one, range(count)) if d.reward == 1.0]
+    demos = list(pool.map(one, range(c.num_demos)))
   with open(path + ".tmp", "w") as f:
     for d in demos:
       f.write(json.dumps(d.to_json()) + "\n")
@@ -98,12 +130,26 @@ def oracle_demos(s: Setup, count: int) -> List[Trajectory]:
 
 
 def write_rollouts(s: Setup, name: str, trajs: List[Trajectory]) -> None:
-  """Appends trajectories (exact logprob bits, turn texts, rewards) to workdir/rollouts/."""
+  """Writes trajectories (exact logprob bits, turn texts, rewards) to
+  workdir/rollouts/<name>.jsonl, atomically: a step re-run after a resume replaces it."""
   d = os.path.join(s.workdir, "rollouts")
   os.makedirs(d, exist_ok=True)
-  with open(os.path.join(d, f"{name}.jsonl"), "a") as f:
+  path = os.path.join(d, f"{name}.jsonl")
+  with open(path + ".tmp", "w") as f:
     for t in trajs:
       f.write(json.dumps(t.to_json()) + "\n")
+  os.replace(path + ".tmp", path)
+
+
+def changed_code(t: Trajectory) -> bool:
+  """Whether the session made a well-formed edit/write call (an attempt to fix)."""
+  for text in t.turn_texts:
+    try:
+      if parse_tool_call(text).name in ("edit", "write_file"):
+        return True
+    except ToolCallError:
+      continue
+  return False
 
 
 def evaluate(s: Setup, params, count: int, tag: str) -> Dict[str, float]:
@@ -113,9 +159,14 @@ def evaluate(s: Setup, params, count: int, tag: str) -> Dict[str, float]:
   t0 = time.time()
   trajs = runner.run(jobs, max_in_flight=s.config.rl.max_in_flight)
   write_rollouts(s, f"eval_{tag}", trajs)
-  solved = np.mean([t.reward >= 1.0 for t in trajs])
-  out = {f"heldout_solve_rate_{tag}": float(solved),
+  solved = np.asarray([t.reward >= 1.0 for t in trajs])
+  edited = np.asarray([changed_code(t) for t in trajs])
+  out = {f"heldout_solve_rate_{tag}": float(solved.mean()),
          f"heldout_reward_{tag}": float(np.mean([t.reward for t in trajs])),
+         # where a gain comes from: attempting a fix more often, or fixing more accurately
+         f"heldout_edit_rate_{tag}": float(edited.mean()),
+         f"heldout_solve_rate_given_edit_{tag}": float(solved[edited].mean()) if edited.any()
+                                                 else 0.0,
          f"eval_seconds_{tag}": time.time() - t0}
   s.metrics.write(0, out, phase=f"eval_{tag}")
   return out
@@ -127,7 +178,9 @@ def sft_stage(s: Setup):
       learning_rate=c.learning_rate, warmup_steps=c.warmup_steps, total_steps=c.steps),
       s.mesh)
   state = step.init_state(s.config.seed)
-  demos = oracle_demos(s, c.num_demos)
+  demos = demonstrations(s)
+  s.metrics.write(0, dict(demos=len(demos), demo_reward=float(np.mean([d.reward for d in demos]))),
+                  phase="demos")
   rng = np.random.default_rng(s.config.seed)
   for k in range(c.steps):
     pick = rng.choice(len(demos), c.batch_size, replace=len(demos) < c.batch_size)
@@ -139,9 +192,8 @@ def sft_stage(s: Setup):
   return state
 
 
-def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict) -> tuple:
+def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict, version: int) -> tuple:
   c = s.config.rl
-  version = int(state.step)
   fresh = [g for g in groups if version - g.min_version <= c.max_staleness]
   stats["dropped_stale"] = len(groups) - len(fresh)
   trajs = [t for g in fresh for t in g.trajectories]
@@ -150,51 +202,92 @@ def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict) -> tuple:
   rewards = np.asarray([t.reward for t in trajs], np.float32)
   gids = np.asarray([t.group_id for t in trajs], np.int32)
   adv = np.asarray(adv_lib.compute_advantages(c.advantage, rewards, gids))
+  out = dict(reward_mean=float(rewards.mean()), solve_rate=float(np.mean(rewards >= 1.0)),
+             staleness_mean=float(np.mean([version - t.min_version() for t in trajs])),
+             malformed_rate=float(np.mean([t.metrics.get("malformed_calls", 0)
+                                           / max(t.turns, 1) for t in trajs])),
+             tool_seconds=float(np.mean([t.metrics.get("tool_seconds", 0.0) for t in trajs])),
+             generated_tokens=float(sum(t.num_generated for t in trajs)),
+             trained_tokens=0.0)
   if not np.any(adv):
     # Every group was all-success or all-failure: no learning signal. Skipping the update
     # also stops AdamW's momentum from moving the weights on zero gradients.
     stats["skipped_no_signal"] = 1
-    return state, dict(reward_mean=float(rewards.mean()),
-                       solve_rate=float(np.mean(rewards >= 1.0)))
+    return state, out
   batch = build_batch(trajs, s.model_config.max_seq_len,
                       num_rows=s.rows(c.groups_per_step * c.group_size), advantages=adv,
-                      temperature=c.temperature,
-                      top_k=c.top_k, top_p=c.top_p)
+                      temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
   state, m = step.step(state, step.shard_batch(batch))
-  out = {k: float(v) for k, v in jax.device_get(m).items()}
-  out.update(reward_mean=float(rewards.mean()), solve_rate=float(np.mean(rewards >= 1.0)),
-             staleness_mean=float(np.mean([version - t.min_version() for t in trajs])),
-             malformed_rate=float(np.mean([t.metrics.get("malformed_calls", 0) / max(t.turns, 1)
-                                           for t in trajs])),
-             tool_seconds=float(np.mean([t.metrics.get("tool_seconds", 0.0) for t in trajs])),
-             generated_tokens=float(sum(t.num_generated for t in trajs)))
+  out.update({k: float(v) for k, v in jax.device_get(m).items()})
+  out["trained_tokens"] = float(sum(len(t.tokens) for t in trajs))  # forward+backward
   return state, out
 
 
-def rl_stage(s: Setup, params) -> tuple:
+def make_rl_step(s: Setup):
   c = s.config.rl
-  step = make_train_step(s.model_config, TrainConfig(
+  return make_train_step(s.model_config, TrainConfig(
       optimizer=OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=0,
                                 total_steps=max(c.steps, 1), end_lr_ratio=1.0),
       loss=losses.LossConfig(policy_loss=c.policy_loss, clip_eps_low=c.clip_eps,
                              clip_eps_high=c.clip_eps_high)), s.mesh)
-  state = step.init_state(s.config.seed, params=params)
-  runner = s.runner(state.params, version=int(state.step), greedy=False, seed=s.config.seed)
-  counter = iter(range(10**9))
-  num_train = c.num_train_tasks
-  rng = np.random.default_rng(s.config.seed + 1)
+
+
+def task_of_group(seed: int, group_id: int, num_tasks: int) -> int:
+  """The train task a group visits: a pure function of (seed, group id), so a group that is
+  re-run after a resume visits the same task."""
+  h = hashlib.sha256(f"composer_rl-group:{seed}:{group_id}".encode()).digest()
+  return int.from_bytes(h[:8], "big") % num_tasks
+
+
+def _local_rollouts(s: Setup, state, next_group, ledger: Ledger, max_outstanding: int):
+  """Rollouts in this process: one runner per inference mesh (`controller.placement`)."""
+  c = s.config.rl
+  runners = [s.runner(state.params, version=int(state.step), greedy=False,
+                      seed=s.config.seed, engine=i) for i in range(len(s.engines))]
+  factory = RolloutFactory(runners, next_group, s.train_env, c.group_size, c.max_in_flight,
+                           c.queue_groups, ledger, max_outstanding=max_outstanding,
+                           place_params=s.sampler_params)
+  factory.version = int(state.step)
+  return factory
+
+
+def _remote_rollouts(s: Setup, state, next_group, ledger: Ledger, max_outstanding: int):
+  """Rollouts by worker processes (`launch/rollout_worker.py`) through `rl.shared_dir`."""
+  c = s.config.rl
+  if not c.shared_dir:
+    raise ValueError("rl.rollouts='remote' needs rl.shared_dir (a directory the workers see)")
+  remote = RemoteRollouts(c.shared_dir, next_group, ledger, c.group_size, max_outstanding,
+                          lambda p: inference_copy(p, s.model_config),
+                          lease_s=c.worker_lease_s)
+  remote.set_params(state.params)
+  return remote
+
+
+# rl.rollouts -> how the trainer gets its groups
+ROLLOUT_SOURCES = {"local": _local_rollouts, "remote": _remote_rollouts}
+
+
+def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
+  """GRPO from `state` (RL step `state.step`) to `rl.steps`. `book` is the controller's
+  checkpointed record (rollout ledger, SFT eval, timings); it is saved with the weights
+  every `checkpoint_every` steps, so a resumed run re-runs exactly the groups that were
+  issued but not consumed, and never consumes one twice."""
+  c = s.config.rl
+  start = int(state.step)
+  ledger = Ledger.from_json(book.get("rollouts"))
+  gids = itertools.count(max(ledger.issued, default=-1) + 1)
 
   def next_group():
-    gid = next(counter)
-    return gid, int(rng.integers(0, num_train))
-  factory = RolloutFactory(runner, next_group, lambda i: make_env(s.task("train", i),
-                                                                  s.env_config),
-                           c.group_size, c.max_in_flight, c.queue_groups, Ledger())
+    gid = next(gids)
+    return gid, task_of_group(s.config.seed, gid, c.num_train_tasks)
+  max_outstanding = (c.max_staleness + 1) * c.groups_per_step
+  factory = ROLLOUT_SOURCES[c.rollouts](s, state, next_group, ledger, max_outstanding)
+  timing = book.setdefault("timing", dict(idle=0.0, busy=0.0))
+  trained_tokens = 0.0
   if c.mode == "async":
     factory.start()
-  idle = busy = 0.0
   try:
-    for k in range(c.steps):
+    for k in range(start, c.steps):
       t0 = time.time()
       if c.mode == "async":
         groups = [factory.get() for _ in range(c.groups_per_step)]
@@ -203,31 +296,60 @@ def rl_stage(s: Setup, params) -> tuple:
       t1 = time.time()
       stats: Dict = {}
       write_rollouts(s, f"rl_step_{k:05d}", [t for g in groups for t in g.trajectories])
-      state, m = _train_on(s, step, state, groups, stats)
-      runner.set_params(inference_copy(state.params, s.model_config), int(state.step))
+      version = factory.version  # the policy version these groups are measured against
+      state, m = _train_on(s, step, state, groups, stats, version)
+      if int(state.step) != k + 1:  # a skipped update still counts: step == RL steps done
+        state = state.replace(step=jnp.int32(k + 1))
+      factory.set_params(state.params, k + 1)
       t2 = time.time()
-      idle += t1 - t0
-      busy += t2 - t1
-      factory.ledger.consumed.extend(g.group_id for g in groups)
-      m.update(stats, trainer_idle_fraction=idle / max(idle + busy, 1e-9),
-               step_seconds=t2 - t0,
+      stale = [g.group_id for g in groups if version - g.min_version > c.max_staleness]
+      factory.record([g.group_id for g in groups if g.group_id not in stale], stale)
+      trained_tokens += m.get("trained_tokens", 0.0)
+      timing["idle"] += t1 - t0
+      timing["busy"] += t2 - t1
+      m.update(stats, trainer_idle_fraction=timing["idle"] / max(sum(timing.values()), 1e-9),
+               step_seconds=t2 - t0, idle_seconds=t1 - t0,
                trainer_tokens_per_s=m.get("generated_tokens", 0.0) / max(t2 - t1, 1e-9))
       s.metrics.write(k, m, phase="rl")
+      if (k + 1) % c.checkpoint_every == 0 or k + 1 == c.steps:
+        book["rollouts"] = factory.ledger_json()
+        ckpt.save(k + 1, state, ledger=book)
   finally:
     factory.stop()
-  return state, dict(trainer_idle_fraction=idle / max(idle + busy, 1e-9),
-                     rl_steps_per_hour=c.steps / max(idle + busy, 1e-9) * 3600,
-                     sampler_stats=dict(runner.stats))
+  if c.steps > start:
+    factory.close()
+  total = max(sum(timing.values()), 1e-9)
+  return state, dict(trainer_idle_fraction=timing["idle"] / total,
+                     rl_steps_per_hour=(c.steps - start) / max(total, 1e-9) * 3600
+                     if start < c.steps else 0.0,
+                     train_seconds_per_token=timing["busy"] / max(trained_tokens, 1.0),
+                     groups_consumed=len(ledger.consumed),
+                     groups_dropped_stale=len(ledger.dropped_stale),
+                     sampler_stats=factory.stats())
 
 
 def run(config, workdir: str) -> Dict:
+  """Runs (or resumes, from `workdir/checkpoints`) the experiment; returns the summary,
+  which is also the last stdout line (JSON)."""
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
   s = Setup(config, workdir)
-  state = sft_stage(s)
-  summary = dict(seed=config.seed, mode=config.rl.mode)
-  summary.update(evaluate(s, state.params, config.eval.num_heldout, "sft"))
-  state, rl_info = rl_stage(s, state.params)
+  step = make_rl_step(s)
+  # Step 0 (the SFT policy) is kept for good: the pipeline benchmark and ablations start there.
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=2, keep_period=10**9)
+  restored = ckpt.restore(step.abstract_state())
+  if restored is not None:
+    state, book = restored.state, dict(restored.ledger or {})
+    s.metrics.truncate_phase("rl", restored.step)
+    print(f"composer_rl: resumed at RL step {restored.step} from {workdir}", flush=True)
+  else:  # step 0 of RL is the SFT policy: checkpointed, so SFT never runs twice
+    sft_params = sft_stage(s).params
+    book = dict(sft_eval=evaluate(s, sft_params, config.eval.num_heldout, "sft"))
+    state = step.init_state(config.seed, params=sft_params)
+    ckpt.save(0, state, ledger=book)
+  summary = dict(seed=config.seed, mode=config.rl.mode, **book["sft_eval"])
+  state, rl_info = rl_stage(s, step, state, book, ckpt)
+  ckpt.close()
   summary.update(evaluate(s, state.params, config.eval.num_heldout, "rl"))
   summary.update(rl_info, total_seconds=time.time() - t0)
   summary["gain_points"] = 100 * (summary["heldout_solve_rate_rl"]

@@ -28,6 +28,19 @@ class MetricsWriter:
     self.history: List[Dict] = []
     self._t0 = time.time()
 
+  def truncate_phase(self, phase: str, step: int) -> None:
+    """Drops `phase` rows at or after `step` (a resumed run logs those steps again)."""
+    path = os.path.join(self.workdir, "metrics.jsonl")
+    self._jsonl.close()
+    with open(path) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    keep = [r for r in rows if not (r.get("phase") == phase and r.get("step", 0) >= step)]
+    with open(path + ".tmp", "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in keep)
+    os.replace(path + ".tmp", path)
+    self._jsonl = open(path, "a", buffering=1)
+    self.history = keep
+
   def write(self, step: int, metrics: Dict[str, float], phase: str = "rl") -> None:
     row = {"step": int(step), "phase": phase, "time": round(time.time() - self._t0, 2)}
     for k, v in metrics.items():
@@ -41,7 +54,9 @@ class MetricsWriter:
       for k, v in row.items():
         if isinstance(v, float) and k != "time":
           self._tb.add_scalar(f"{phase}/{k}", v, step)
-    shown = " ".join(f"{k}={row[k]:.3g}" for k in _CONSOLE_KEYS if k in row)
+    keys = _CONSOLE_KEYS if phase in ("sft", "rl") else [k for k in row if k not in
+                                                          ("step", "phase", "time")]
+    shown = " ".join(f"{k}={row[k]:.3g}" for k in keys if isinstance(row.get(k), float))
     logging.info("[%s %d] %s", phase, step, shown)
     print(f"[{phase} {step}] {shown}", flush=True)
 

@@ -38,6 +38,8 @@ class EnvConfig:
     tool_limits: observation/output caps (tools.ToolLimits).
     reward: reward spec for reward.make_reward, e.g. {"tests": 1.0, "malformed_penalty": 0.5}.
     grade_timeout_s: wall-clock limit of the grading run.
+    system_prompt: the instructions before the task; `{tools}` is replaced by the tool
+      description (a tiny model trained from demonstrations can do with a terse one).
     """
 
     max_turns: int = 30
@@ -47,6 +49,7 @@ class EnvConfig:
     tool_limits: ToolLimits = ToolLimits()
     reward: Dict[str, Any] = dataclasses.field(default_factory=lambda: {"tests": 1.0})
     grade_timeout_s: float = 60.0
+    system_prompt: str = SYSTEM_PROMPT
 
 
 @dataclasses.dataclass
@@ -88,7 +91,8 @@ class CodingEnv:
         self.metrics = {"turns": 0, "malformed_calls": 0, "tool_errors": 0}
         self.done = self.submitted = False
         self._result = None
-        system = SYSTEM_PROMPT.format(tools=format_help(self.config.compact_prompt))
+        system = self.config.system_prompt.replace(
+            "{tools}", format_help(self.config.compact_prompt))
         return f"{system}\nTask: {self.task.prompt}\n"
 
     def step(self, model_text: str) -> StepResult:

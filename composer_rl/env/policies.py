@@ -6,6 +6,10 @@ text for one turn, in the tool-call format). Registered policies:
   oracle     reads the buggy file, applies the task's oracle edits through `edit`, runs the
              tests, submits. Expected reward 1.
   null       submits immediately. Expected reward 0.
+  weak_oracle  an imperfect demonstrator: on a deterministic `fix_prob` share of tasks
+             (chosen by hashing the task id with `seed`) it acts as the oracle, on the
+             rest it reads the file and gives up (submits unchanged). `run_tests=False`
+             leaves out the test run. Expected reward `fix_prob`.
   adversary  tries every cheat we know -- read the hidden tests, edit the tests, plant
              conftest.py / sitecustomize.py, write outside the world, reach the network,
              remount / chroot, leave a setsid survivor, follow a symlink to the host, make
@@ -14,6 +18,7 @@ text for one turn, in the tool-call format). Registered policies:
 """
 from __future__ import annotations
 
+import hashlib
 from typing import List, Tuple
 
 from composer_rl.env.registry import Registry
@@ -44,6 +49,26 @@ class OraclePolicy(ScriptedPolicy):
         plan += [("edit", {"path": e.path, "old": e.old, "new": e.new}) for e in task.oracle]
         plan += [("run", {"cmd": task.test_cmd}), ("submit", {})]
         return plan
+
+
+@POLICIES.register("weak_oracle")
+class WeakOraclePolicy(ScriptedPolicy):
+    def __init__(self, fix_prob: float = 0.5, run_tests: bool = True, seed: int = 0):
+        if not 0.0 <= fix_prob <= 1.0:
+            raise ValueError(f"fix_prob must be in [0, 1], got {fix_prob}")
+        self.fix_prob, self.run_tests, self.seed = fix_prob, run_tests, seed
+
+    def fixes(self, task) -> bool:
+        h = hashlib.sha256(f"{self.seed}:{task.id}".encode()).digest()
+        return int.from_bytes(h[:8], "big") / 2.0**64 < self.fix_prob
+
+    def make_plan(self, task):
+        plan = [("read_file", {"path": task.oracle[0].path})]
+        if self.fixes(task):
+            plan += [("edit", {"path": e.path, "old": e.old, "new": e.new}) for e in task.oracle]
+        if self.run_tests:
+            plan.append(("run", {"cmd": task.test_cmd}))
+        return plan + [("submit", {})]
 
 
 @POLICIES.register("null")
@@ -89,5 +114,6 @@ class AdversaryPolicy(ScriptedPolicy):
         return plan
 
 
-def make_policy(name: str):
-    return POLICIES.get(name)()
+def make_policy(name: str, **kwargs):
+    """The policy registered as `name`, built with its keyword arguments."""
+    return POLICIES.get(name)(**kwargs)

@@ -26,9 +26,14 @@ from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.session import LiveSession, Trajectory
 from composer_rl.sampling.engine import Engine, Request
 
-# A job is (task_id, group_id, env); env has reset() -> str, step(text) -> result with
-# .observation/.done/.info, grade() -> result with .reward, close().
-Job = Tuple[str, int, Any]
+# A job is (task_id, group_id, env) or (task_id, group_id, env, session_id); env has
+# reset() -> str, step(text) -> result with .observation/.done/.info, grade() -> result with
+# .reward, close(). The session id keys the sampling RNG (seed, session id, position): a
+# caller that resumes work gives stable ids so that no two sessions share a random stream.
+Job = Tuple[Any, ...]
+# What `next_job` returns when it has no job *yet* (e.g. the caller bounds how far rollouts
+# may run ahead of training); the runner keeps serving its sessions and asks again.
+NOT_YET = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +172,9 @@ class RolloutRunner:
 
   # ---- the loop ------------------------------------------------------------------------
   def _start(self, job: Job) -> LiveSession:
-    task_id, group_id, env = job
-    traj = Trajectory(task_id=task_id, group_id=group_id, session_id=next(self._ids),
+    task_id, group_id, env = job[:3]
+    sid = job[3] if len(job) > 3 else next(self._ids)
+    traj = Trajectory(task_id=task_id, group_id=group_id, session_id=int(sid),
                       tokens=[], loss_mask=[], logprobs=[], versions=[])
     s = LiveSession(traj=traj, env=env)
     s.extend_context(self.chat.start(self.cfg.system_prompt, env.reset()))
@@ -178,7 +184,8 @@ class RolloutRunner:
   def run_stream(self, next_job: Callable[[], Optional[Job]], emit: Callable[[Trajectory], None],
                  max_in_flight: int, stop: Optional[threading.Event] = None) -> None:
     """Keeps up to `max_in_flight` sessions going, pulling jobs until `next_job` returns None
-    and every session has finished; `emit` receives each finished trajectory."""
+    and every session has finished; `emit` receives each finished trajectory. `next_job`
+    may return NOT_YET to be asked again later."""
     eng = self.engine
     state = eng.init_decode_state()
     slots: List[Optional[LiveSession]] = [None] * eng.slots
@@ -191,10 +198,14 @@ class RolloutRunner:
         if stop is not None and stop.is_set():
           break
         state = self._apply_pending_params(slots, state, ready)
+        waiting = False
         while not exhausted and in_flight < max_in_flight:
           job = next_job()
           if job is None:
             exhausted = True
+            break
+          if job is NOT_YET:
+            waiting = True
             break
           ready.append(self._start(job))
           in_flight += 1
@@ -224,6 +235,9 @@ class RolloutRunner:
         elif tools or grading:
           cf.wait(list(tools) + list(grading), timeout=1.0, return_when=cf.FIRST_COMPLETED)
         elif not ready:
+          if waiting:  # nothing to do until the caller has a job for us
+            time.sleep(0.01)
+            continue
           break  # nothing in flight and no job left
         for fut in [f for f in tools if f.done()]:
           s = tools.pop(fut)

@@ -26,6 +26,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from flax import nnx
 
 from composer_rl.model.kv_cache import KVCache
@@ -94,10 +95,17 @@ class Engine:
   slots: concurrent decode slots (`max_concurrent_decodes`).
   prefill_chunk: tokens per prefill call; inputs are padded to a multiple of it so a few
     compiled programs serve every length.
+  mesh: the inference mesh the engine runs on (params passed in must live there, e.g.
+    `jax.device_put(params, engine.replicated)`); None = the default device. Every slot is
+    computed on every device of the mesh (replicated); a mesh per engine is how a host's
+    devices are split between training and inference.
   """
 
-  def __init__(self, model: Transformer, slots: int, prefill_chunk: int = 32):
+  def __init__(self, model: Transformer, slots: int, prefill_chunk: int = 32,
+               mesh: Optional[Mesh] = None):
     self.config = model.config
+    self.mesh = mesh
+    self.replicated = NamedSharding(mesh, P()) if mesh is not None else None
     self.graphdef, self.params = nnx.split(model)
     self.slots = slots
     self.prefill_chunk = prefill_chunk
@@ -120,12 +128,16 @@ class Engine:
     """Returns the params to pass to prefill/generate (the model's state by default)."""
     return self.params if state is None else state
 
+  def place(self, tree):
+    """Puts arrays (params, caches) on the engine's mesh; a no-op without one."""
+    return tree if self.mesh is None else jax.device_put(tree, self.replicated)
+
   def init_decode_state(self) -> DecodeState:
     n = self.slots
-    return DecodeState(cache=KVCache.init(self.config, n), lengths=jnp.zeros((n,), jnp.int32),
+    return self.place(DecodeState(cache=KVCache.init(self.config, n), lengths=jnp.zeros((n,), jnp.int32),
                        last_token=jnp.zeros((n,), jnp.int32), seq_ids=jnp.zeros((n,), jnp.int32),
                        seeds=jnp.zeros((n,), jnp.uint32),
-                       sampling=head_lib.RowSampling.broadcast(n), active=jnp.zeros((n,), bool))
+                       sampling=head_lib.RowSampling.broadcast(n), active=jnp.zeros((n,), bool)))
 
   def prefill(self, *, params, padded_tokens: Sequence[int], true_length: Optional[int] = None,
               request: Request, existing_prefix: Optional[Prefix] = None) -> Prefix:
@@ -142,7 +154,8 @@ class Engine:
     c = self.prefill_chunk
     padded = np.zeros(-(-n // c) * c, np.int32)
     padded[:n] = tokens[:n]
-    cache = KVCache.init(self.config, 1) if existing_prefix is None else existing_prefix.cache
+    cache = (self.place(KVCache.init(self.config, 1)) if existing_prefix is None
+             else existing_prefix.cache)
     ids, last = [], None
     for off in range(0, len(padded), c):
       valid = min(c, n - off)

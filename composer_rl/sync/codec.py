@@ -9,10 +9,21 @@ bits are almost all zero and zstd removes them.
 
 `fingerprint` is a position-weighted 64-bit sum over the bit patterns in uint32 arithmetic
 (wrap-around is associative, so any reduction order gives the same value): computed with
-numpy by the publisher and on-device by the subscriber, it verifies a whole tensor without
-copying it back to the host. It detects corruption, truncation and reordering; it is not a
-defence against a deliberate forger (the payload's sha256 covers the bytes read).
+numpy or on device, it verifies a whole tensor without copying it back to the host. It
+detects corruption, truncation and reordering; it is not a defence against a deliberate
+forger (the payload's sha256 covers the bytes read).
+
+Because it is a sum of per-position terms, the fingerprint of the tensor after a delta is
+the old fingerprint plus the change of the terms at the changed positions
+(`fingerprint_update`), an exact identity in wrap-around arithmetic: publisher and
+subscriber verify a whole tensor in O(changed values), starting from a tensor that was
+itself verified (an anchor's fingerprint is computed in full).
+
+On device (`changed_count`, `extract_changes`): the publisher keeps the last published bits
+on device, counts the changed values of every leaf there, and copies only the changed
+positions and values to the host; an unchanged leaf costs one compare.
 """
+import functools
 from typing import Dict, Tuple
 
 import jax
@@ -68,9 +79,10 @@ def fingerprint_np(bits: np.ndarray) -> Tuple[int, int]:
 
 
 @jax.jit
-def fingerprint_device(bits: jax.Array) -> jax.Array:
-  """Same as `fingerprint_np`, on device: returns uint32[2]."""
-  x = bits.reshape(-1).astype(jnp.uint32)
+def fingerprint_device(x: jax.Array) -> jax.Array:
+  """Same as `fingerprint_np`, on device, of an array's bits (any 2- or 4-byte dtype):
+  returns uint32[2]."""
+  x = device_bits(x).reshape(-1).astype(jnp.uint32)
   i = jnp.arange(x.size, dtype=jnp.uint32)
   h1 = jnp.sum((x + jnp.uint32(1)) * (i * jnp.uint32(_M1) + jnp.uint32(0x9E3779B9)),
                dtype=jnp.uint32)
@@ -78,5 +90,66 @@ def fingerprint_device(bits: jax.Array) -> jax.Array:
   return jnp.stack([h1, h2])
 
 
+def _terms(x, i, xp):
+  """The two per-position fingerprint terms (uint32, wrapping), numpy or jax.numpy."""
+  x, i = x.astype(xp.uint32), i.astype(xp.uint32)
+  t1 = (x + xp.uint32(1)) * (i * xp.uint32(_M1) + xp.uint32(0x9E3779B9))
+  t2 = (x ^ (i * xp.uint32(_M2))) * xp.uint32(_M3)
+  return t1, t2
+
+
+def fingerprint_update(fp, pos: np.ndarray, old: np.ndarray, new: np.ndarray) -> Tuple[int, int]:
+  """The fingerprint after values at `pos` changed from `old` to `new` (host, numpy)."""
+  with np.errstate(over="ignore"):
+    o1, o2 = _terms(old, pos, np)
+    n1, n2 = _terms(new, pos, np)
+    d1 = np.sum(n1 - o1, dtype=np.uint32)
+    d2 = np.sum(n2 - o2, dtype=np.uint32)
+    return int(np.uint32(fp[0]) + d1), int(np.uint32(fp[1]) + d2)
+
+
+@jax.jit
+def changed_count(old: jax.Array, new: jax.Array) -> jax.Array:
+  """Number of values whose bits differ (arrays of the same dtype and shape)."""
+  return jnp.sum(device_bits(old) != device_bits(new), dtype=jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def extract_changes(old: jax.Array, new: jax.Array, capacity: int):
+  """(flat positions int32[capacity], xors, new bits) of the changed values; padding
+  positions are the leaf size, padding values 0 (`capacity` >= the changed count)."""
+  old, new = device_bits(old).reshape(-1), device_bits(new).reshape(-1)
+  pos = jnp.nonzero(old != new, size=capacity, fill_value=old.size)[0].astype(jnp.int32)
+  newv = new.at[pos].get(mode="fill", fill_value=0)
+  return pos, newv ^ old.at[pos].get(mode="fill", fill_value=0), newv
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def apply_changes(x: jax.Array, pos: jax.Array, xors: jax.Array):
+  """Applies XOR-coded changes to `x` (any shape; 2- or 4-byte dtype) at flat positions, in
+  place (`x` is donated; padding positions >= size are dropped). Returns (new array,
+  uint32[2] fingerprint change)."""
+  bits = device_bits(x).reshape(-1)
+  live = pos < bits.size
+  old = bits.at[pos].get(mode="fill", fill_value=0)
+  new = old ^ xors
+  o1, o2 = _terms(old, pos, jnp)
+  n1, n2 = _terms(new, pos, jnp)
+  zero = jnp.uint32(0)
+  d = jnp.stack([jnp.sum(jnp.where(live, n1 - o1, zero), dtype=jnp.uint32),
+                 jnp.sum(jnp.where(live, n2 - o2, zero), dtype=jnp.uint32)])
+  out = bits.at[pos].set(new, mode="drop").reshape(x.shape)
+  return jax.lax.bitcast_convert_type(out, x.dtype), d
+
+
+def capacity(n: int) -> int:
+  """Power-of-two buffer size for n changes: a handful of compiled programs serve all."""
+  return max(1024, 1 << max(0, int(n - 1).bit_length()))
+
+
 def device_bits(x: jax.Array) -> jax.Array:
-  return jax.lax.bitcast_convert_type(x, jnp.uint16 if x.dtype.itemsize == 2 else jnp.uint32)
+  """An array's raw bit patterns (same shape), as uint16 or uint32."""
+  if x.dtype.itemsize not in _BITS:
+    raise TypeError(f"cannot diff dtype {x.dtype}")
+  target = jnp.uint16 if x.dtype.itemsize == 2 else jnp.uint32
+  return x if x.dtype == target else jax.lax.bitcast_convert_type(x, target)

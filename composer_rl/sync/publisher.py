@@ -6,8 +6,9 @@ v-1 (or a full anchor every `anchor_every` versions, on the first publish, and w
 delta would not be smaller), and garbage-collects versions no reader needs any more.
 """
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
@@ -27,70 +28,96 @@ class WeightPublisher:
     lagging subscriber must replay, and how much damage one corrupt delta can do.
   keep: versions kept behind the newest; older ones are deleted, except the anchor and
     deltas still needed to rebuild any kept version.
+
+  The last published tree stays on the device the weights live on (the publisher keeps a
+  reference, so a published tree must not be donated or mutated afterwards): change
+  detection runs there, and only changed positions and values cross to the host.
   """
 
   def __init__(self, root: str, anchor_every: int = 20, keep: int = 8):
     if anchor_every < 1 or keep < 1:
       raise ValueError(f"anchor_every ({anchor_every}) and keep ({keep}) must be >= 1")
     self.root, self.anchor_every, self.keep = root, anchor_every, keep
-    self._last: Optional[Dict[str, np.ndarray]] = None
+    self._last: Optional[Dict[str, jax.Array]] = None  # the last published leaves, on device
+    self._fps: Dict[str, Tuple[int, int]] = {}
     self._anchor = None
     self.version = store.latest(root)
     if self.version is not None:  # resuming: diff against what is on disk
       from composer_rl.sync.subscriber import materialize  # pylint: disable=g-import-not-at-top
       try:
-        self._last = {k: codec.bits_of(v) for k, v in materialize(root, self.version).items()}
-        self._anchor = store.read_manifest(root, self.version)["anchor"]
+        self._last = {k: jnp.asarray(v) for k, v in materialize(root, self.version).items()}
+        m = store.read_manifest(root, self.version)
+        self._anchor = m["anchor"]
+        self._fps = {k: tuple(v["fingerprint"]) for k, v in m["leaves"].items()}
       except store.VersionError as e:  # a damaged chain: the next version is an anchor
         logging.warning("weight sync: cannot rebuild version %d (%s); next publish is a "
                         "full anchor", self.version, e)
+        self._last = None
 
   def publish(self, tree) -> Dict:
     """Publishes `tree` (the inference copy) as the next version; returns its manifest."""
     t0 = time.perf_counter()
-    # Fingerprints are computed where the weights live (dispatched before the host copy).
-    device_fps = {k: codec.fingerprint_device(codec.device_bits(jnp.asarray(v)))
-                  for k, v in codec.flatten_device(tree).items()}
-    arrays = codec.flatten(tree)
-    bits = {k: codec.bits_of(v) for k, v in arrays.items()}
+    flat = codec.flatten_device(tree)
+    new = {k: jnp.asarray(v) for k, v in flat.items()}
+    shapes = {k: (list(v.shape), str(v.dtype)) for k, v in new.items()}
     version = 0 if self.version is None else self.version + 1
-    delta = None
+    full_bytes = sum(b.size * b.dtype.itemsize for b in new.values())
+    counts = None
     if self._last is not None and version % self.anchor_every != 0:
-      if set(self._last) != set(bits) or any(self._last[k].shape != bits[k].shape for k in bits):
+      if set(self._last) != set(new) or any(
+          (self._last[k].shape, self._last[k].dtype) != (new[k].shape, new[k].dtype)
+          for k in new):
         raise ValueError("published tree changed structure; start a new weights root")
-      delta = {k: codec.encode(self._last[k], bits[k]) for k in bits}
-      delta_bytes = sum(g.nbytes + v.nbytes for g, v in delta.values())
-      if delta_bytes >= sum(b.nbytes for b in bits.values()):
-        delta = None  # a delta that is not smaller than the anchor is not worth a chain link
-    leaves, payload, changed = {}, {}, 0
-    for k, b in bits.items():
-      if delta is None:
-        parts = {"bits": b}
-        payload[payload_key(k)] = b
-        nnz = b.size
-      else:
-        gaps, values = delta[k]
-        parts = {"gaps": gaps, "xor": values}
-        if len(gaps):
+      counts = jax.device_get({k: codec.changed_count(self._last[k], new[k]) for k in new})
+      delta_bytes = sum(int(n) * (4 + new[k].dtype.itemsize) for k, n in counts.items())
+      if delta_bytes >= full_bytes:
+        counts = None  # a delta that is not smaller than the anchor is not worth a link
+    leaves, payload, fps = {}, {}, {}
+    if counts is None:
+      kind = "anchor"
+      dev_fps = {k: codec.fingerprint_device(b) for k, b in new.items()}  # dispatch all first
+      for k, b in new.items():
+        parts = {"bits": codec.bits_of(np.asarray(b))}
+        payload[payload_key(k)] = parts["bits"]
+        fps[k] = tuple(int(x) for x in np.asarray(dev_fps[k]))
+        leaves[k] = self._leaf_meta(k, shapes[k], b.size, fps[k], parts)
+    else:
+      kind = "delta"
+      pending = {k: codec.extract_changes(self._last[k], new[k], codec.capacity(n))
+                 for k, n in counts.items() if n}
+      for k, b in new.items():
+        n = int(counts[k])
+        if n:
+          pos, xors, newv = (np.asarray(x)[:n] for x in pending[k])
+          gaps = np.diff(pos, prepend=0)
+          gaps = gaps.astype(np.uint16 if gaps.max() < 2**16 else np.uint32)
+          parts = {"gaps": gaps, "xor": xors}
           payload[payload_key(k)] = parts
-        nnz = len(gaps)
-      changed += nnz
-      leaves[k] = dict(shape=list(arrays[k].shape), dtype=str(arrays[k].dtype), nnz=int(nnz),
-                       fingerprint=[int(x) for x in np.asarray(device_fps[k])],
-                       payload_key=payload_key(k), payload_sha256=store.payload_sha256(parts))
-    kind = "anchor" if delta is None else "delta"
+          # the old values at pos are the new ones XOR the change
+          fps[k] = codec.fingerprint_update(self._fps[k], pos, newv ^ xors, newv)
+        else:  # unchanged leaf: nothing stored, same fingerprint
+          parts = {"gaps": np.zeros(0, np.uint16), "xor": np.zeros(0, np.uint16)}
+          fps[k] = self._fps[k]
+        leaves[k] = self._leaf_meta(k, shapes[k], n, fps[k], parts)
     anchor = version if kind == "anchor" else self._anchor
+    changed = sum(v["nnz"] for v in leaves.values())
     manifest = dict(format=store.FORMAT, version=version,
                     parent=None if kind == "anchor" else version - 1, kind=kind, anchor=anchor,
                     leaves=leaves, changed=int(changed),
-                    total=int(sum(b.size for b in bits.values())),
+                    total=int(sum(b.size for b in new.values())),
                     payload_bytes=int(sum(np.asarray(x).nbytes for x in _leaves(payload))),
-                    full_bytes=int(sum(b.nbytes for b in bits.values())))
+                    full_bytes=int(full_bytes))
     store.write_version(self.root, version, manifest, payload)
-    self.version, self._last, self._anchor = version, bits, anchor
+    self.version, self._last, self._anchor, self._fps = version, new, anchor, fps
     self._gc()
     manifest["publish_seconds"] = time.perf_counter() - t0
     return manifest
+
+  @staticmethod
+  def _leaf_meta(key, shape_dtype, nnz, fp, parts) -> Dict:
+    return dict(shape=shape_dtype[0], dtype=shape_dtype[1], nnz=int(nnz),
+                fingerprint=[int(x) for x in fp], payload_key=payload_key(key),
+                payload_sha256=store.payload_sha256(parts))
 
   def _gc(self) -> None:
     """Deletes versions older than the anchor that rebuilds the oldest kept version."""

@@ -55,7 +55,10 @@ def write_version(root: str, version: int, manifest: Dict, payload: Dict) -> Non
   tmp = os.path.join(root, f".tmp-{version:08d}-{uuid.uuid4().hex[:8]}")
   os.makedirs(tmp)
   try:
-    _checkpointer().save(os.path.join(tmp, "payload"), payload)
+    # A delta of an unchanged tree (e.g. a skipped update) has no arrays; Orbax refuses an
+    # empty item, so it gets a one-byte marker that readers never look up.
+    _checkpointer().save(os.path.join(tmp, "payload"),
+                         payload or {"_empty": np.zeros(1, np.uint8)})
     with open(os.path.join(tmp, "manifest.json"), "w") as f:
       json.dump(manifest, f)
       f.flush()

@@ -1,9 +1,10 @@
 """Follows published weight versions and keeps a verified copy on its own devices.
 
 `poll()` brings the subscriber to the newest version: it replays the deltas after its current
-version with a jitted scatter (position/value buffers padded to power-of-two capacities, so a
-handful of programs serve every step), and checks each resulting tensor's fingerprint on
-device against the manifest. A missing, partial, corrupt or out-of-order version stops the
+version with a jitted in-place scatter (position/value buffers padded to power-of-two
+capacities, so a handful of programs serve every step), and checks each resulting tensor's
+fingerprint against the manifest (in full for an anchor, from the changed values for a
+delta). A missing, partial, corrupt or out-of-order version stops the
 replay with a log line naming it; the subscriber then rebuilds from the newest anchor and
 replays what verifies. New weights replace the old only once every leaf of a version has
 verified: nothing unverified is ever served.
@@ -17,16 +18,6 @@ from absl import logging
 
 from composer_rl.sync import codec, store
 from composer_rl.sync.store import VersionError
-
-
-@jax.jit
-def _scatter_xor(bits, pos, xors):
-  old = bits.at[pos].get(mode="fill", fill_value=0)
-  return bits.at[pos].set(old ^ xors, mode="drop")
-
-
-def _capacity(n: int) -> int:
-  return max(1024, 1 << max(0, int(n - 1).bit_length()))
 
 
 def _unbits(bits: np.ndarray, meta: Dict) -> np.ndarray:
@@ -68,7 +59,7 @@ class WeightSubscriber:
   def __init__(self, root: str, template):
     self.root = root
     leaves, self._treedef = jax.tree_util.tree_flatten_with_path(template)
-    self._keys = list(codec.flatten(template).keys())
+    self._keys = list(codec.flatten_device(template).keys())  # abstract templates work too
     self.version: Optional[int] = None
     self._bits: Optional[Dict[str, jax.Array]] = None
     self._metas: Optional[Dict] = None
@@ -80,14 +71,16 @@ class WeightSubscriber:
 
   @property
   def params(self):
+    """The verified weights in the template's structure. The arrays are the subscriber's
+    own: the next `poll()` updates them in place (donation), so hand `params` to a new
+    consumer after each poll rather than keeping an old tree."""
     if self._bits is None:
       raise VersionError(f"no verified weights under {self.root} yet")
-    arrays = [jax.lax.bitcast_convert_type(self._bits[k], jnp.bfloat16)
-              if self._metas[k]["dtype"] == "bfloat16" else
-              jax.lax.bitcast_convert_type(self._bits[k], jnp.dtype(self._metas[k]["dtype"]))
-              for k in self._keys]
-    arrays = [a.reshape(self._metas[k]["shape"]) for a, k in zip(arrays, self._keys)]
-    return jax.tree_util.tree_unflatten(self._treedef, arrays)
+    return jax.tree_util.tree_unflatten(self._treedef, [self._bits[k] for k in self._keys])
+
+  def snapshot(self):
+    """A copy of `params` that later polls leave alone (what an engine should hold)."""
+    return jax.tree.map(jnp.copy, self.params)
 
   def poll(self) -> Optional[int]:
     """Advances to the newest version it can verify; returns it if it changed, else None."""
@@ -124,30 +117,65 @@ class WeightSubscriber:
   def _replay(self, bits, metas, first: int, last: int) -> None:
     """Applies versions first..last on top of `bits` (None: `first` must be an anchor).
     Commits each version only after all its leaves verify; stops at the first failure
-    (already-verified versions stay applied), raising VersionError."""
+    (already-verified versions stay applied), raising VersionError.
+
+    A delta is applied in place (the buffers are donated) and verified from the changed
+    values alone (`codec.fingerprint_update`'s identity); if a leaf fails, the leaves
+    already changed are restored by applying their XORs again (an exact inverse, since
+    positions are checked to be strictly increasing and in range first)."""
     for v in range(first, last + 1):
       m = store.read_manifest(self.root, v)
       if m["kind"] == "delta" and (bits is None or m["parent"] != v - 1):
         raise VersionError(f"version {v}: delta with parent {m['parent']} cannot follow "
                            f"{'nothing' if bits is None else v - 1}")
       payload = store.read_payload(self.root, v, m)
-      new = {}
-      for leaf, meta in m["leaves"].items():
-        p = payload[leaf]
-        if m["kind"] == "anchor":
-          b = jnp.asarray(p["bits"])
-        else:
-          n = len(p["gaps"])
-          cap = _capacity(n)
-          size = int(np.prod(meta["shape"]))
-          pos = np.full(cap, size, np.int64)  # out-of-range padding is dropped
-          pos[:n] = codec.positions(p["gaps"])
-          xors = np.zeros(cap, bits[leaf].dtype)
-          xors[:n] = p["xor"]
-          b = _scatter_xor(bits[leaf], jnp.asarray(pos, jnp.int32), jnp.asarray(xors))
-        got = np.asarray(codec.fingerprint_device(b)).tolist()
-        if got != meta["fingerprint"]:
-          raise VersionError(f"version {v}: leaf {leaf} fails its fingerprint after applying")
-        new[leaf] = b
-      bits, metas = new, m["leaves"]
+      if m["kind"] == "anchor":
+        new = {leaf: jnp.asarray(_unbits(payload[leaf]["bits"], meta))
+               for leaf, meta in m["leaves"].items()}
+        fps = {leaf: codec.fingerprint_device(b) for leaf, b in new.items()}
+        for leaf, meta in m["leaves"].items():
+          if np.asarray(fps[leaf]).tolist() != meta["fingerprint"]:
+            raise VersionError(f"version {v}: leaf {leaf} fails its fingerprint")
+        bits = new
+      else:
+        bits = self._apply_delta(v, bits, metas, m, payload)
+      metas = m["leaves"]
       self._bits, self._metas, self.version = bits, metas, v
+
+  def _apply_delta(self, v: int, bits, metas, m, payload):
+    bits = dict(bits)
+    applied = []  # (leaf, pos, xors) already applied, to undo on failure
+
+    def undo():
+      for leaf, pos, xors in applied:
+        bits[leaf], _ = codec.apply_changes(bits[leaf], pos, xors)
+      self._bits = bits  # the donated buffers now hold the previous version again
+
+    for leaf, meta in m["leaves"].items():
+      if not meta["nnz"]:
+        if meta["fingerprint"] != metas[leaf]["fingerprint"]:
+          undo()
+          raise VersionError(f"version {v}: unchanged leaf {leaf} changes fingerprint")
+        continue
+      p = payload[leaf]
+      n, size = len(p["gaps"]), int(np.prod(meta["shape"]))
+      pos_host = codec.positions(p["gaps"])
+      if n != meta["nnz"] or len(p["xor"]) != n or (n and (
+          pos_host[-1] >= size or np.any(p["gaps"][1:] == 0))):
+        undo()
+        raise VersionError(f"version {v}: leaf {leaf} has malformed change positions")
+      cap = codec.capacity(n)
+      pos = np.full(cap, size, np.int32)  # out-of-range padding is dropped
+      pos[:n] = pos_host
+      xors = np.zeros(cap, np.uint16 if bits[leaf].dtype.itemsize == 2 else np.uint32)
+      xors[:n] = p["xor"]
+      pos, xors = jnp.asarray(pos), jnp.asarray(xors)
+      bits[leaf], d = codec.apply_changes(bits[leaf], pos, xors)
+      applied.append((leaf, pos, xors))
+      d = np.asarray(d)
+      old = metas[leaf]["fingerprint"]
+      got = [(int(old[0]) + int(d[0])) % 2**32, (int(old[1]) + int(d[1])) % 2**32]
+      if got != meta["fingerprint"]:
+        undo()
+        raise VersionError(f"version {v}: leaf {leaf} fails its fingerprint after applying")
+    return bits

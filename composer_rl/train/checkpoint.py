@@ -60,12 +60,16 @@ class Checkpointer:
     checkpoint still has a good predecessor.
   async_save: write in a background thread while training continues (the step's arrays are
     copied to host first, so later updates cannot leak into a checkpoint).
+  keep_period: steps that are multiples of it are never deleted (None = off); e.g. a huge
+    value keeps step 0 forever (the agent controller's SFT policy).
   """
 
-  def __init__(self, directory: str, max_to_keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: str, max_to_keep: int = 3, async_save: bool = True,
+               keep_period: Optional[int] = None):
     self.directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=async_save)
+                                           enable_async_checkpointing=async_save,
+                                           keep_period=keep_period)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_names=("state", "data", "ledger", "meta"))

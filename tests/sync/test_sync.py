@@ -1,5 +1,6 @@
 """Publisher/subscriber: exact bits, small deltas, and every kind of damage detected."""
 import glob
+import json
 import os
 import shutil
 
@@ -133,3 +134,42 @@ def test_fingerprint_device_matches_numpy():
   y = x.copy()
   y[[3, 4]] = y[[4, 3]]
   assert codec.fingerprint_np(y) != codec.fingerprint_np(x) or x[3] == x[4]
+
+
+def test_fingerprint_update_equals_full_recompute():
+  rng = np.random.default_rng(1)
+  x = rng.integers(0, 2**16, 5000).astype(np.uint16)
+  y = x.copy()
+  pos = np.sort(rng.choice(x.size, 60, replace=False))
+  y[pos] ^= rng.integers(1, 2**16, 60).astype(np.uint16)
+  assert codec.fingerprint_update(codec.fingerprint_np(x), pos, x[pos], y[pos]) == \
+      codec.fingerprint_np(y)
+  # and on device, from the XORs alone, in place
+  got, d = codec.apply_changes(jnp.asarray(x), jnp.asarray(np.append(pos, x.size), jnp.int32),
+                               jnp.asarray(np.append(x[pos] ^ y[pos], 7).astype(np.uint16)))
+  assert np.array_equal(np.asarray(got), y)  # the padding position (== size) is dropped
+  f = codec.fingerprint_np(x)
+  assert [(f[0] + int(np.asarray(d)[0])) % 2**32, (f[1] + int(np.asarray(d)[1])) % 2**32] \
+      == list(codec.fingerprint_np(y))
+
+
+def test_failed_leaf_rolls_back_a_half_applied_delta(tmp_path, steps):
+  """A delta whose payload is intact but whose result does not verify (here: the recorded
+  fingerprint of its last changed leaf is wrong) leaves the subscriber bit-exactly at the
+  previous version, although earlier leaves were already changed in place."""
+  root = str(tmp_path / "w")
+  pub = WeightPublisher(root, anchor_every=100)
+  sub = WeightSubscriber(root, steps[0])
+  pub.publish(steps[0])
+  assert sub.poll() == 0
+  m = pub.publish(steps[1])
+  changed = [k for k, v in m["leaves"].items() if v["nnz"]]
+  assert len(changed) > 2
+  path = os.path.join(store.version_dir(root, 1), "manifest.json")
+  bad = store.read_manifest(root, 1)
+  bad["leaves"][changed[-1]]["fingerprint"][0] ^= 1
+  with open(path, "w") as f:
+    json.dump(bad, f)
+  assert sub.poll() is None  # nothing newer verifies; no anchor after 0
+  assert sub.version == 0 and _bits_equal(sub.params, steps[0])
+  assert any("fails its fingerprint" in line for line in sub.log)

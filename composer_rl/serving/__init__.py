@@ -1,0 +1,1 @@
+"""Serving: adapters that put the exact engine behind standard serving interfaces."""
