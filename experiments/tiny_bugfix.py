@@ -38,11 +38,12 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
       steps=600, batch_size=8, learning_rate=2e-3, warmup_steps=20, log_every=25))
   c.rl = ml_collections.ConfigDict(dict(
       mode="async",           # 'async' (factories overlap) or 'sync' (no overlap)
-      steps=40,
+      steps=60,
       group_size=8,           # G rollouts per task: the group the advantage is relative to
       groups_per_step=4,      # task visits per train step
       num_train_tasks=2000,   # tasks are drawn from the first N of the train split
       slots=16,               # decode slots of the engine
+      decode_steps=1,         # engine decode steps per call (one host sync per block)
       prefill_chunk=64,
       max_in_flight=48,       # sessions alive at once (slots + those waiting on tools)
       queue_groups=8,         # complete groups buffered before the rollout factory pauses

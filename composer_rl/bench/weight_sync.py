@@ -39,6 +39,12 @@ from composer_rl.train.scoring import score_tokens
 _SIZES = flags.DEFINE_string("sizes", "tiny,125m", "Comma list of: tiny, 125m.")
 _LRS = flags.DEFINE_string("lrs", "1e-6,3e-6,1e-5", "Learning rates.")
 _STEPS = flags.DEFINE_integer("steps", 3, "RL steps per learning rate.")
+_SYNTH = flags.DEFINE_float(
+    "synthetic_params", 0, "If > 0, also time the I/O path on a bf16 tree of this many "
+    "parameters whose values change at --synthetic_fraction per step (a synthetic update "
+    "pattern: shows how publish+apply vs full save+restore scales with model size).")
+_SYNTH_FRACTION = flags.DEFINE_float("synthetic_fraction", 0.0175,
+                                     "changed share per step (default: 125m at lr 1e-6)")
 
 # ~125M parameters: 12 layers, d 768, vocab 32000 (untied).
 _CONFIGS = {
@@ -122,14 +128,7 @@ def _measure(name, cfg, lrs, steps, tmp):
                  read_apply_seconds=float(np.median(apply_s[1:] or apply_s)),
                  exact=bool(exact), full_anchor_bytes=anchor["full_bytes"])
     if lr == lrs[0]:  # baseline: a full Orbax save + restore of the same inference copy
-      ckpt = os.path.join(tmp, f"{name}-full")
-      t0 = time.perf_counter()
-      with ocp.StandardCheckpointer() as c:
-        c.save(ckpt, final)
-        c.wait_until_finished()
-        restored = c.restore(ckpt, final)
-        jax.block_until_ready(jax.tree.leaves(restored))
-      full_s = time.perf_counter() - t0
+      full_s = _full_save_restore(final, os.path.join(tmp, f"{name}-full"))
       entry["full_save_restore_seconds"] = full_s
       entry["full_over_delta_seconds"] = full_s / (entry["publish_seconds"]
                                                    + entry["read_apply_seconds"])
@@ -138,16 +137,68 @@ def _measure(name, cfg, lrs, steps, tmp):
   return out
 
 
+def _full_save_restore(tree, path) -> float:
+  t0 = time.perf_counter()
+  with ocp.StandardCheckpointer() as c:
+    c.save(path, tree)
+    c.wait_until_finished()
+    jax.block_until_ready(jax.tree.leaves(c.restore(path, tree)))
+  return time.perf_counter() - t0
+
+
+def _synthetic(n_params: float, fraction: float, tmp: str, steps: int = 3):
+  """Times publish / read+apply+verify against a full save+restore on a synthetic tree."""
+  leaves = 64
+  per = int(n_params) // leaves
+  key = jax.random.key(0)
+  tree = {f"w{i:02d}": jax.random.normal(jax.random.fold_in(key, i), (per,), jnp.bfloat16)
+          for i in range(leaves)}
+  root = os.path.join(tmp, "synthetic")
+  pub = WeightPublisher(root, anchor_every=1000)
+  pub.publish(tree)
+  sub = WeightSubscriber(root, tree)
+  sub.poll()
+  pub_s, apply_s = [], []
+  for k in range(steps + 1):
+    bump = jax.jit(lambda t, kk: {n: jnp.where(
+        jax.random.uniform(jax.random.fold_in(kk, i), v.shape) < fraction,
+        (v.astype(jnp.float32) * 1.01 + 1e-3).astype(jnp.bfloat16), v)
+        for i, (n, v) in enumerate(sorted(t.items()))})
+    tree = jax.block_until_ready(bump(tree, jax.random.fold_in(key, 1000 + k)))
+    t0 = time.perf_counter()
+    m = pub.publish(tree)
+    t1 = time.perf_counter()
+    sub.poll()
+    jax.block_until_ready(jax.tree.leaves(sub.params))
+    t2 = time.perf_counter()
+    if k:  # step 0 compiles
+      pub_s.append(t1 - t0)
+      apply_s.append(t2 - t1)
+  exact = all(np.array_equal(codec.bits_of(np.asarray(sub.params[n])),
+                             codec.bits_of(np.asarray(tree[n]))) for n in tree)
+  full_s = _full_save_restore(tree, os.path.join(tmp, "synthetic-full"))
+  shutil.rmtree(root, ignore_errors=True)
+  p, a = float(np.median(pub_s)), float(np.median(apply_s))
+  return dict(params=leaves * per, fraction_changed_per_step=m["changed"] / m["total"],
+              full_over_delta_bytes=m["full_bytes"] / max(m["payload_bytes"], 1),
+              publish_seconds=p, read_apply_seconds=a, full_save_restore_seconds=full_s,
+              full_over_delta_seconds=full_s / (p + a), exact=bool(exact))
+
+
 def main(argv):
   del argv
   lrs = [float(x) for x in _LRS.value.split(",")]
   tmp = tempfile.mkdtemp(prefix="weight_sync_bench_")
   try:
     result = {name: _measure(name, _CONFIGS[name], lrs, _STEPS.value, tmp)
-              for name in _SIZES.value.split(",")}
+              for name in _SIZES.value.split(",") if name}
+    if _SYNTH.value > 0:
+      result["synthetic"] = _synthetic(_SYNTH.value, _SYNTH_FRACTION.value, tmp)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  result["exact"] = all(e["exact"] for r in result.values() for e in r["lr"].values())
+  result["exact"] = all(e["exact"] for r in result.values() if "lr" in r
+                        for e in r["lr"].values()) and result.get(
+                            "synthetic", {}).get("exact", True)
   print(json.dumps(result))
 
 

@@ -91,7 +91,8 @@ class Setup:
     return RolloutConfig(max_turns=self.config.env.max_turns, max_turn_tokens=c.max_turn_tokens,
                          temperature=1.0 if greedy else c.temperature,
                          top_k=1 if greedy else c.top_k, top_p=1.0 if greedy else c.top_p,
-                         seed=seed, tool_workers=c.tool_workers)
+                         seed=seed, tool_workers=c.tool_workers,
+                         decode_steps=c.decode_steps)
 
   def runner(self, params, version: int, greedy: bool, seed: int,
              engine: int = 0) -> RolloutRunner:

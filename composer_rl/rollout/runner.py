@@ -46,6 +46,9 @@ class RolloutConfig:
   temperature/top_k/top_p: the sampling transform (recorded log-probs are under it).
   seed: base RNG seed; a token's key is (seed, session id, position).
   tool_workers: threads executing tool calls and grading concurrently.
+  decode_steps: engine decode steps per call (`Engine.generate_many`): one dispatch and one
+    host sync per block instead of per token; a slot whose turn ends inside a block waits
+    for the block's end. 1 = one step per call.
   """
   system_prompt: str = ""
   max_turns: int = 4
@@ -55,6 +58,7 @@ class RolloutConfig:
   top_p: float = 1.0
   seed: int = 0
   tool_workers: int = 4
+  decode_steps: int = 1
 
 
 class RolloutRunner:
@@ -219,14 +223,14 @@ class RolloutRunner:
               self._finish_turn(s, pool, tools)
         if any(s is not None for s in slots):
           t0 = time.perf_counter()
-          state, step = eng.generate(self.params, state)
-          toks, lps = np.asarray(step.tokens), np.asarray(step.logprobs)
+          state, toks, lps, live = self._decode(state, slots)
           self.stats["decode_seconds"] += time.perf_counter() - t0
-          self.stats["decode_steps"] += 1
           for i, s in enumerate(slots):
             if s is None:
               continue
-            self._record(s, int(toks[i]), float(lps[i]))
+            for j in range(toks.shape[0]):
+              if live[j, i]:
+                self._record(s, int(toks[j, i]), float(lps[j, i]))
             if self._turn_over(s):
               s.saved = eng.release(state, i)
               state = eng.free(state, i)
@@ -261,6 +265,21 @@ class RolloutRunner:
           in_flight -= 1
         if exhausted and in_flight == 0:
           break
+
+  def _decode(self, state, slots):
+    """One engine call: ([steps, slots] tokens, log-probs, which of them count)."""
+    eng, k = self.engine, self.cfg.decode_steps
+    if k == 1:
+      state, step = eng.generate(self.params, state)
+      live = np.asarray([[s is not None for s in slots]])
+      self.stats["decode_steps"] += 1
+      return state, np.asarray(step.tokens)[None], np.asarray(step.logprobs)[None], live
+    limit = eng.config.max_seq_len - 1  # a slot stops exactly where _turn_over would say so
+    budgets = [0 if s is None else min(self.cfg.max_turn_tokens - s.turn_tokens,
+                                       limit - len(s.traj.tokens)) for s in slots]
+    state, out = eng.generate_many(self.params, state, budgets, self.chat.end_of_turn, k)
+    self.stats["decode_steps"] += k
+    return state, np.asarray(out.tokens), np.asarray(out.logprobs), np.asarray(out.active)
 
   def _finish_turn(self, s: LiveSession, pool, tools) -> None:
     s.traj.turns += 1

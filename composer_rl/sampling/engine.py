@@ -114,6 +114,8 @@ class Engine:
     self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._release_fn = jax.jit(self._release_impl)
     self._sample_fn = jax.jit(self._sample_impl)
+    self._generate_many_fn = jax.jit(self._generate_many_impl, donate_argnums=(1,),
+                                     static_argnums=(4,))
 
   # ---- JetStream-shaped surface --------------------------------------------------------
   @property
@@ -180,6 +182,16 @@ class Engine:
     """One decode step for every slot; returns (new state, StepResult)."""
     return self._generate_fn(params, decode_state)
 
+  def generate_many(self, params, decode_state: DecodeState, budgets, stop_token: int,
+                    steps: int):
+    """Up to `steps` decode steps in one call (one dispatch, one host sync). A slot stops,
+    and is left inactive, once it samples `stop_token` or has sampled `budgets[slot]`
+    tokens. Returns (new state, StepResult with a leading [steps] axis; `active` marks the
+    tokens that count). Each step is the computation of `generate`, so the tokens and
+    log-probs are the ones `steps` calls of `generate` would give."""
+    return self._generate_many_fn(params, decode_state, jnp.asarray(budgets, jnp.int32),
+                                  jnp.int32(stop_token), steps)
+
   def release(self, decode_state: DecodeState, slot: int) -> Prefix:
     """Copies a slot's session out (its cache and pending token) so the slot can be reused;
     pass the result as `existing_prefix` to continue the session later."""
@@ -226,6 +238,16 @@ class Engine:
                   expert_ids=jnp.zeros((0, cfg.num_moe_layers,
                                         cfg.experts_per_token if cfg.num_moe_layers else 0),
                                        jnp.int32))
+
+  def _generate_many_impl(self, params, state: DecodeState, budgets, stop_token, steps):
+    def body(carry, _):
+      st, left = carry
+      st, out = self._generate_impl(params, st)
+      left = left - out.active.astype(jnp.int32)
+      done = out.active & ((out.tokens == stop_token) | (left <= 0))
+      return (st.replace(active=st.active & ~done), left), out
+    (state, _), outs = jax.lax.scan(body, (state, budgets), None, length=steps)
+    return state, outs
 
   def _generate_impl(self, params, state: DecodeState):
     model = nnx.merge(self.graphdef, params)

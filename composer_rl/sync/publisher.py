@@ -62,18 +62,19 @@ class WeightPublisher:
     shapes = {k: (list(v.shape), str(v.dtype)) for k, v in new.items()}
     version = 0 if self.version is None else self.version + 1
     full_bytes = sum(b.size * b.dtype.itemsize for b in new.values())
-    counts = None
+    changed = None
     if self._last is not None and version % self.anchor_every != 0:
       if set(self._last) != set(new) or any(
           (self._last[k].shape, self._last[k].dtype) != (new[k].shape, new[k].dtype)
           for k in new):
         raise ValueError("published tree changed structure; start a new weights root")
-      counts = jax.device_get({k: codec.changed_count(self._last[k], new[k]) for k in new})
-      delta_bytes = sum(int(n) * (4 + new[k].dtype.itemsize) for k, n in counts.items())
+      masks = {k: codec.changed_mask(self._last[k], new[k]) for k in new}  # dispatch all
+      changed = {k: codec.mask_positions(np.asarray(m), new[k].size) for k, m in masks.items()}
+      delta_bytes = sum(len(p) * (4 + new[k].dtype.itemsize) for k, p in changed.items())
       if delta_bytes >= full_bytes:
-        counts = None  # a delta that is not smaller than the anchor is not worth a link
+        changed = None  # a delta that is not smaller than the anchor is not worth a link
     leaves, payload, fps = {}, {}, {}
-    if counts is None:
+    if changed is None:
       kind = "anchor"
       dev_fps = {k: codec.fingerprint_device(b) for k, b in new.items()}  # dispatch all first
       for k, b in new.items():
@@ -83,12 +84,11 @@ class WeightPublisher:
         leaves[k] = self._leaf_meta(k, shapes[k], b.size, fps[k], parts)
     else:
       kind = "delta"
-      pending = {k: codec.extract_changes(self._last[k], new[k], codec.capacity(n))
-                 for k, n in counts.items() if n}
       for k, b in new.items():
-        n = int(counts[k])
+        pos = changed[k]
+        n = len(pos)
         if n:
-          pos, xors, newv = (np.asarray(x)[:n] for x in pending[k])
+          xors, newv = codec.gather_changes(self._last[k], b, pos)
           gaps = np.diff(pos, prepend=0)
           gaps = gaps.astype(np.uint16 if gaps.max() < 2**16 else np.uint32)
           parts = {"gaps": gaps, "xor": xors}
@@ -100,10 +100,10 @@ class WeightPublisher:
           fps[k] = self._fps[k]
         leaves[k] = self._leaf_meta(k, shapes[k], n, fps[k], parts)
     anchor = version if kind == "anchor" else self._anchor
-    changed = sum(v["nnz"] for v in leaves.values())
+    total_changed = sum(v["nnz"] for v in leaves.values())
     manifest = dict(format=store.FORMAT, version=version,
                     parent=None if kind == "anchor" else version - 1, kind=kind, anchor=anchor,
-                    leaves=leaves, changed=int(changed),
+                    leaves=leaves, changed=int(total_changed),
                     total=int(sum(b.size for b in new.values())),
                     payload_bytes=int(sum(np.asarray(x).nbytes for x in _leaves(payload))),
                     full_bytes=int(full_bytes))

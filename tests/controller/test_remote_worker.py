@@ -83,18 +83,25 @@ def test_remote_worker_sigkill_restart_exactly_once_and_exact(tmp_path):
                       f"--config.rl.shared_dir={shared}", f"--config.rl.steps={STEPS}",
                       "--config.rl.checkpoint_every=1", "--config.rl.max_staleness=100")
   worker = _worker(shared)
-  claims = os.path.join(shared, "queue", "claims", "w0")
-  # Kill the worker while it holds a claim, after the trainer has consumed something.
-  _wait_for(lambda: os.path.exists(os.path.join(wd, "checkpoints", "2"))
-            and glob.glob(os.path.join(claims, "*.json")), [controller, worker])
-  held = sorted(os.listdir(claims))
-  os.kill(worker.pid, signal.SIGKILL)
-  worker.wait()
-  worker = _worker(shared)
-  out, _ = controller.communicate(timeout=600)
-  assert controller.returncode == 0, out[-3000:]
-  wout, _ = worker.communicate(timeout=120)  # exits on the controller's STOP
-  assert worker.returncode == 0, wout[-3000:]
+  procs = [controller, worker]
+  try:
+    claims = os.path.join(shared, "queue", "claims", "w0")
+    # Kill the worker while it holds a claim, after the trainer has consumed something.
+    _wait_for(lambda: os.path.exists(os.path.join(wd, "checkpoints", "2"))
+              and glob.glob(os.path.join(claims, "*.json")), procs)
+    held = sorted(os.listdir(claims))
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    worker = _worker(shared)
+    procs.append(worker)
+    out, _ = controller.communicate(timeout=600)
+    assert controller.returncode == 0, out[-3000:]
+    wout, _ = worker.communicate(timeout=120)  # exits on the controller's STOP
+    assert worker.returncode == 0, wout[-3000:]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
   summary = json.loads(out.strip().splitlines()[-1])
   assert "heldout_solve_rate_rl" in summary
 

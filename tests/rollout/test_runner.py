@@ -100,6 +100,24 @@ def test_sessions_share_slots_and_stay_exact(setup):
   assert runner.stats["decode_steps"] > 0
 
 
+def test_multi_step_decode_gives_the_same_sessions_bit_for_bit(setup):
+  """Several decode steps per engine call (one dispatch, one host sync) change nothing:
+  the same tokens, the same log-prob bits, equal to the trainer's recomputation."""
+  tok, model = setup
+  out = {}
+  for k in (1, 5):
+    eng = Engine(model, slots=2, prefill_chunk=16)
+    cfg = RolloutConfig(max_turns=3, max_turn_tokens=7, top_k=50, seed=4, decode_steps=k)
+    runner = RolloutRunner(eng, ChatFormat(tok), cfg, eng.load_params())
+    out[k] = runner.run([(f"t{i}", i, CountingEnv()) for i in range(4)], max_in_flight=3)
+  for a, b in zip(out[1], out[5]):
+    assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
+    assert np.array_equal(np.asarray(a.logprobs, np.float32).view(np.uint32),
+                          np.asarray(b.logprobs, np.float32).view(np.uint32))
+  graphdef, params = nnx.split(model)
+  assert _verify(out[5], {0: params}, graphdef, cfg) == sum(t.num_generated for t in out[5])
+
+
 def test_weight_update_mid_run_reprefills_and_stays_exact(setup):
   tok, model = setup
   eng = Engine(model, slots=3, prefill_chunk=16)
