@@ -7,13 +7,15 @@ policy, in one process. Prints one JSON object.
 --sft_workdir: a workdir of experiments/tiny_bugfix.py whose RL step-0 checkpoint (the SFT
 policy) is the starting point; without one the SFT stage runs first (minutes).
 Reported per mode: RL steps per hour, the trainer's idle fraction (waiting for rollouts),
-groups dropped as stale, and sampler seconds per generated token divided by trainer seconds
-per trained token (the brief's "inference costs about a third of training per token").
+groups dropped as stale, sampler seconds per generated token divided by trainer seconds
+per trained token (the brief's "inference costs about a third of training per token"), and
+where the CPU went (this process vs the sandboxed tool/grading processes; cores_busy).
 The first `--warmup` steps of each mode (compilation) are left out of the rates.
 """
 import json
 import os
 import tempfile
+import time
 
 import jax
 from absl import app, flags
@@ -53,7 +55,9 @@ def _mode(config, mode: str, s, step, state0) -> dict:
     ckpt = Checkpointer(d, async_save=False)
     s.metrics.history.clear()
     # the train step donates its input state: each mode starts from its own copy
+    t0, w0 = os.times(), time.perf_counter()
     _, info = agent_rl.rl_stage(s, step, jax.tree.map(lambda x: x.copy(), state0), {}, ckpt)
+    t1, w1 = os.times(), time.perf_counter()
     ckpt.close()
   rows = [r for r in s.metrics.history if r["phase"] == "rl"][_WARMUP.value:]
   seconds = sum(r["step_seconds"] for r in rows)
@@ -61,7 +65,15 @@ def _mode(config, mode: str, s, step, state0) -> dict:
   stats = info["sampler_stats"]
   sampler_s_per_tok = ((stats["decode_seconds"] + stats["prefill_seconds"])
                        / max(stats["generated_tokens"], 1))
+  # Where the machine's CPU went over the whole mode (warm-up included): this process
+  # (trainer, sampler, controller) and the sandboxed tool and grading processes it waited
+  # for; cores_busy near os.cpu_count() means the host, not the pipeline, is the limit.
+  own_cpu = (t1.user - t0.user) + (t1.system - t0.system)
+  sandbox_cpu = (t1.children_user - t0.children_user) + (t1.children_system
+                                                          - t0.children_system)
   return dict(rl_steps_per_hour=len(rows) / max(seconds, 1e-9) * 3600,
+              cpu_seconds_controller=own_cpu, cpu_seconds_sandbox=sandbox_cpu,
+              cores_busy=(own_cpu + sandbox_cpu) / max(w1 - w0, 1e-9),
               trainer_idle_fraction=idle / max(seconds, 1e-9),
               groups_dropped_stale=info["groups_dropped_stale"],
               sampler_seconds_per_generated_token=sampler_s_per_tok,

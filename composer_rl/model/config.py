@@ -45,6 +45,11 @@ class ModelConfig:
       [row_tile, K] tiles, so a row's bits never depend on how many rows the call had.
     attention_query_block: query positions per attention dot (see
       `composer_rl.ops.exact.attention`); decode pads its one query to this many.
+    attention_key_block: key slots per block of the attention's online softmax (0 = the
+      whole cache in one block); must divide max_seq_len. Blocks past the last key a call
+      can see are skipped exactly, so decode reads only a session's own length and the
+      causal training forward about half the cache; the block size is part of the numerics
+      (sampler and trainer share it).
     exact_numerics: True (default) runs the batch-invariant ops of `composer_rl.ops.exact`;
       False runs plain whole-batch matmuls and multi-query attention: faster, but sampler
       and trainer log-probs then differ in their low bits (a measured fast mode, not exact).
@@ -71,6 +76,7 @@ class ModelConfig:
   compute_dtype: str = "bfloat16"
   row_tile: int = 16
   attention_query_block: int = 1
+  attention_key_block: int = 0
   exact_numerics: bool = True
 
   def __post_init__(self):
@@ -80,6 +86,10 @@ class ModelConfig:
                  "head_dim", "d_ff", "max_seq_len", "row_tile", "attention_query_block"):
       if int(getattr(self, name)) <= 0:
         bad(f"{name} must be positive, got {getattr(self, name)!r}")
+    kb = self.attention_key_block
+    if kb < 0 or (kb and self.max_seq_len % kb):
+      bad(f"attention_key_block={kb} must be 0 (whole cache) or divide max_seq_len="
+          f"{self.max_seq_len}")
     if self.num_heads % self.num_kv_heads:
       bad(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
@@ -139,11 +149,13 @@ PRESETS = {
     # Shapes of the public Qwen3 checkpoints (config.json of Qwen/Qwen3-0.6B, -30B-A3B).
     "qwen3_0_6b": ModelConfig(vocab_size=151936, d_model=1024, num_layers=28, num_heads=16,
                               num_kv_heads=8, head_dim=128, d_ff=3072, max_seq_len=40960,
-                              rope_theta=1000000.0, tie_embeddings=True, row_tile=128),
+                              rope_theta=1000000.0, tie_embeddings=True, row_tile=128,
+                              attention_key_block=512),
     "qwen3_30b_a3b": ModelConfig(vocab_size=151936, d_model=2048, num_layers=48,
                                  num_heads=32, num_kv_heads=4, head_dim=128, d_ff=6144,
                                  max_seq_len=40960, rope_theta=1000000.0, num_experts=128,
-                                 experts_per_token=8, moe_d_ff=768, row_tile=128),
+                                 experts_per_token=8, moe_d_ff=768, row_tile=128,
+                                 attention_key_block=512),
 }
 
 

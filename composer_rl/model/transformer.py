@@ -188,7 +188,7 @@ class Transformer(nnx.Module):
       new_v1.append(v1_cache)
       attn = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k_cache, v1_cache,
                              segments, slots, segment_ids, c.exact_numerics,
-                             c.attention_query_block)
+                             c.attention_query_block, c.attention_key_block)
       attn_rows = attn.reshape(b * s, c.num_heads * c.head_dim)
       x, h, ids, extra = exact.map_row_tiles(
           lambda a, blk=block: self._post_attention(blk, *a), (x, attn_rows), tile)

@@ -27,6 +27,7 @@ def _random_config(seed: int, **overrides) -> ModelConfig:
   if moe:
     kw.update(num_experts=int(rng.choice([3, 4])), experts_per_token=int(rng.choice([1, 2])),
               moe_d_ff=32, moe_layers=(layers - 1,))
+  kw.update(attention_key_block=int(rng.choice([0, 8, 16])))  # divides both max_seq_lens
   kw.update(overrides)
   return ModelConfig(**kw)
 
@@ -59,7 +60,8 @@ def test_realistic_size_moe_is_bitwise_exact():
   start depending on the number of rows."""
   cfg = ModelConfig(vocab_size=2048, d_model=512, num_layers=4, num_heads=8, num_kv_heads=4,
                     head_dim=64, d_ff=1024, max_seq_len=96, num_experts=4, experts_per_token=2,
-                    moe_d_ff=512, moe_layers=(1, 3), attention_query_block=8)
+                    moe_d_ff=512, moe_layers=(1, 3), attention_query_block=8,
+                    attention_key_block=16)
   report = run_suite([cfg], SamplingConfig(top_k=40, top_p=0.95, max_new_tokens=16, seed=5),
                      num_prompts=8, prompt_len_range=(2, 40), batch_sizes=[3],
                      prefill_chunks=[11], prompt_buckets=[16], train_batch_sizes=[8],
