@@ -27,5 +27,8 @@ setuptools.setup(
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5"],
         "jetstream": ["google-jetstream==0.2.2"],
+        # Hugging Face Qwen3 import/export is numpy-only; these run its reference tests
+        # (transformers on PyTorch CPU) and load real tokenizers (composer_rl.data.hf_tokenizer).
+        "hf": ["torch==2.13.0", "transformers>=5,<6", "safetensors>=0.4", "tokenizers>=0.21"],
     },
 )

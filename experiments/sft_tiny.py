@@ -6,6 +6,7 @@ From JSONL trajectories ({"tokens": [...], "loss_mask": [...]} per line):
   python launch/train.py --config=experiments/sft_tiny.py --workdir=/tmp/sft \
       --config.data.jsonl=/path/to/oracle.jsonl
 Re-running with the same workdir resumes from the newest good checkpoint.
+Starting from a converted Hugging Face checkpoint: experiments/sft_from_hf.py.
 """
 import ml_collections
 
@@ -19,6 +20,7 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.mode = "sft"
   c.seed = 0
+  c.init_checkpoint = ""  # '' = random init; else a launch/convert_checkpoint.py output dir
   # The byte tokenizer's vocabulary (256 bytes + 8 specials = 264) sizes the model.
   c.model = ml_collections.ConfigDict(dict(
       vocab_size=ByteTokenizer().vocab_size, d_model=64, num_layers=2, num_heads=4,

@@ -38,7 +38,10 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
       demo_policy="weak_oracle",
       demo_policy_args=dict(fix_prob=0.4, run_tests=False, seed=0),
       num_demos=2000,         # demonstrator sessions (train split), cached in the workdir
-      steps=600, batch_size=8, learning_rate=2e-3, warmup_steps=20, log_every=25))
+      steps=600, batch_size=8, learning_rate=2e-3, warmup_steps=20, log_every=25,
+      # SFT has no sampler to match bit for bit: at 8 rows the sequential query-block loop
+      # dominates, and 16 trains ~2x faster than the sampler's 4.
+      attention_query_block=16))
   c.rl = ml_collections.ConfigDict(dict(
       mode="async",           # 'async' (factories overlap) or 'sync' (no overlap)
       steps=60,

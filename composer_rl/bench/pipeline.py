@@ -9,7 +9,7 @@ policy) is the starting point; without one the SFT stage runs first (minutes).
 Reported per mode: RL steps per hour, the trainer's idle fraction (waiting for rollouts),
 groups dropped as stale, sampler seconds per generated token divided by trainer seconds
 per trained token (the brief's "inference costs about a third of training per token"), and
-where the CPU went (this process vs the sandboxed tool/grading processes; cores_busy).
+how many cores this process and the whole host kept busy.
 The first `--warmup` steps of each mode (compilation) are left out of the rates.
 """
 import json
@@ -45,6 +45,17 @@ def _initial_state(s, step):
   return step.init_state(s.config.seed, params=agent_rl.sft_stage(s).params)
 
 
+def _host_busy_seconds():
+  """CPU seconds the whole host has spent busy (Linux /proc/stat), or None."""
+  try:
+    with open("/proc/stat") as f:
+      fields = [int(x) for x in f.readline().split()[1:]]
+  except (OSError, ValueError):
+    return None
+  idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+  return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _mode(config, mode: str, s, step, state0) -> dict:
   with config.unlocked():
     config.rl.mode = mode
@@ -55,9 +66,9 @@ def _mode(config, mode: str, s, step, state0) -> dict:
     ckpt = Checkpointer(d, async_save=False)
     s.metrics.history.clear()
     # the train step donates its input state: each mode starts from its own copy
-    t0, w0 = os.times(), time.perf_counter()
+    t0, h0, w0 = os.times(), _host_busy_seconds(), time.perf_counter()
     _, info = agent_rl.rl_stage(s, step, jax.tree.map(lambda x: x.copy(), state0), {}, ckpt)
-    t1, w1 = os.times(), time.perf_counter()
+    t1, h1, w1 = os.times(), _host_busy_seconds(), time.perf_counter()
     ckpt.close()
   rows = [r for r in s.metrics.history if r["phase"] == "rl"][_WARMUP.value:]
   seconds = sum(r["step_seconds"] for r in rows)
@@ -65,15 +76,15 @@ def _mode(config, mode: str, s, step, state0) -> dict:
   stats = info["sampler_stats"]
   sampler_s_per_tok = ((stats["decode_seconds"] + stats["prefill_seconds"])
                        / max(stats["generated_tokens"], 1))
-  # Where the machine's CPU went over the whole mode (warm-up included): this process
-  # (trainer, sampler, controller) and the sandboxed tool and grading processes it waited
-  # for; cores_busy near os.cpu_count() means the host, not the pipeline, is the limit.
+  # Where the CPU went over the whole mode (warm-up included): this process (trainer,
+  # sampler, controller) and the whole host (adds the sandboxed tool and grading processes,
+  # and anything else running); host_cores_busy near os.cpu_count() means the host, not
+  # the pipeline, is the limit.
   own_cpu = (t1.user - t0.user) + (t1.system - t0.system)
-  sandbox_cpu = (t1.children_user - t0.children_user) + (t1.children_system
-                                                          - t0.children_system)
+  wall = max(w1 - w0, 1e-9)
   return dict(rl_steps_per_hour=len(rows) / max(seconds, 1e-9) * 3600,
-              cpu_seconds_controller=own_cpu, cpu_seconds_sandbox=sandbox_cpu,
-              cores_busy=(own_cpu + sandbox_cpu) / max(w1 - w0, 1e-9),
+              controller_cores_busy=own_cpu / wall,
+              host_cores_busy=(h1 - h0) / wall if h0 is not None else None,
               trainer_idle_fraction=idle / max(seconds, 1e-9),
               groups_dropped_stale=info["groups_dropped_stale"],
               sampler_seconds_per_generated_token=sampler_s_per_tok,

@@ -15,7 +15,7 @@ only to size a failure.
 """
 import dataclasses
 import time
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -106,7 +106,8 @@ class ParityRunner:
 
   def __init__(self, model_config: ModelConfig, sampling: SamplingConfig, num_prompts: int,
                prompt_len_range, batch_sizes, prefill_chunks, prompt_buckets,
-               train_batch_sizes, num_devices: Sequence[int], seed: int):
+               train_batch_sizes, num_devices: Sequence[int], seed: int,
+               params: Optional[Any] = None):
     self.config, self.sampling, self.seed = model_config, sampling, seed
     self.batch_sizes, self.prefill_chunks = batch_sizes, prefill_chunks
     self.prompt_buckets, self.train_batch_sizes = prompt_buckets, train_batch_sizes
@@ -114,6 +115,9 @@ class ParityRunner:
     self.skipped_devices = [d for d in num_devices if d > jax.device_count()]
     self.model = Transformer(model_config, rngs=nnx.Rngs(seed))
     self.graphdef, self.state = nnx.split(self.model)
+    if params is not None:  # given weights (e.g. an imported checkpoint's pure dict)
+      nnx.replace_by_pure_dict(self.state, jax.tree.map(jnp.asarray, params))
+      nnx.update(self.model, self.state)
     rng = np.random.default_rng(seed)
     lo, hi = prompt_len_range
     self.prompts = [rng.integers(1, model_config.vocab_size, int(rng.integers(lo, hi + 1))
@@ -209,12 +213,20 @@ class ParityRunner:
     return tally
 
 
-def run_suite(model_configs: Sequence[ModelConfig], sampling: SamplingConfig, **kw) -> Dict:
-  """Runs ParityRunner for each model config; returns the JSON-able report."""
+def run_suite(model_configs: Sequence[ModelConfig], sampling: SamplingConfig,
+              params: Optional[Sequence[Any]] = None, **kw) -> Dict:
+  """Runs ParityRunner for each model config; returns the JSON-able report.
+
+  params: optional, one parameter pure dict (or None = random init from `seed`) per model
+    config, e.g. `composer_rl.model.hf_qwen3.import_hf(...)[1]` for an imported checkpoint.
+  """
   start = time.time()
   total, reports, skipped = Tally(), [], set()
-  for mc in model_configs:
-    runner = ParityRunner(mc, sampling, **kw)
+  params = list(params) if params is not None else [None] * len(model_configs)
+  if len(params) != len(model_configs):
+    raise ValueError(f"run_suite: {len(params)} params for {len(model_configs)} model configs")
+  for mc, p in zip(model_configs, params):
+    runner = ParityRunner(mc, sampling, params=p, **kw)
     t = runner.run()
     skipped.update(runner.skipped_devices)
     reports.append(dict(model=dataclasses.asdict(mc), tokens=t.tokens,

@@ -167,6 +167,15 @@ def capacity(n: int) -> int:
   return max(1024, 1 << max(0, int(n - 1).bit_length()))
 
 
+def leaf_capacity(size: int) -> int:
+  """Fixed scatter capacity for a leaf of `size` values: a power of two near 1/32 of it
+  (RL steps change ~1-4% of the bf16 values), at least 1024, at most the next power of
+  two of `size`. A delta larger than this is applied in several chunks of the same size,
+  so each leaf shape compiles its scatter once, whatever the step's delta."""
+  whole = 1 << max(0, int(size - 1).bit_length())
+  return min(whole, max(1024, 1 << max(0, int(size // 32 - 1).bit_length())))
+
+
 def device_bits(x: jax.Array) -> jax.Array:
   """An array's raw bit patterns (same shape), as uint16 or uint32."""
   if x.dtype.itemsize not in _BITS:

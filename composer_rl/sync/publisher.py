@@ -84,28 +84,29 @@ class WeightPublisher:
         leaves[k] = self._leaf_meta(k, shapes[k], b.size, fps[k], parts)
     else:
       kind = "delta"
+      deltas = {}
       for k, b in new.items():
         pos = changed[k]
-        n = len(pos)
-        if n:
+        if len(pos):
           xors, newv = codec.gather_changes(self._last[k], b, pos)
-          gaps = np.diff(pos, prepend=0)
-          gaps = gaps.astype(np.uint16 if gaps.max() < 2**16 else np.uint32)
-          parts = {"gaps": gaps, "xor": xors}
-          payload[payload_key(k)] = parts
+          deltas[k] = (pos, xors)
           # the old values at pos are the new ones XOR the change
           fps[k] = codec.fingerprint_update(self._fps[k], pos, newv ^ xors, newv)
         else:  # unchanged leaf: nothing stored, same fingerprint
-          parts = {"gaps": np.zeros(0, np.uint16), "xor": np.zeros(0, np.uint16)}
+          deltas[k] = (pos, np.zeros(0, np.uint16))
           fps[k] = self._fps[k]
-        leaves[k] = self._leaf_meta(k, shapes[k], n, fps[k], parts)
+      payload, layout = store.pack_delta(deltas)
+      for k in new:
+        leaves[k] = dict(shape=shapes[k][0], dtype=shapes[k][1], nnz=int(len(changed[k])),
+                         fingerprint=[int(x) for x in fps[k]], payload_key=payload_key(k),
+                         **layout.get(k, {"payload_sha256": store.payload_sha256({})}))
     anchor = version if kind == "anchor" else self._anchor
     total_changed = sum(v["nnz"] for v in leaves.values())
     manifest = dict(format=store.FORMAT, version=version,
                     parent=None if kind == "anchor" else version - 1, kind=kind, anchor=anchor,
                     leaves=leaves, changed=int(total_changed),
                     total=int(sum(b.size for b in new.values())),
-                    payload_bytes=int(sum(np.asarray(x).nbytes for x in _leaves(payload))),
+                    payload_bytes=int(sum(np.asarray(x).nbytes for x in payload.values())),
                     full_bytes=int(full_bytes))
     store.write_version(self.root, version, manifest, payload)
     self.version, self._last, self._anchor, self._fps = version, new, anchor, fps
@@ -138,11 +139,3 @@ class WeightPublisher:
       if v < needed_anchor:
         logging.info("weight sync: deleting version %d (older than anchor %d)", v, needed_anchor)
         shutil.rmtree(store.version_dir(self.root, v), ignore_errors=True)
-
-
-def _leaves(payload):
-  for v in payload.values():
-    if isinstance(v, dict):
-      yield from v.values()
-    else:
-      yield v

@@ -1,8 +1,8 @@
 """Follows published weight versions and keeps a verified copy on its own devices.
 
 `poll()` brings the subscriber to the newest version: it replays the deltas after its current
-version with a jitted in-place scatter (position/value buffers padded to power-of-two
-capacities, so a handful of programs serve every step), and checks each resulting tensor's
+version with a jitted in-place scatter (a fixed capacity per leaf, `codec.leaf_capacity`,
+larger deltas in several chunks, so each leaf shape compiles once), and checks each resulting tensor's
 fingerprint against the manifest (in full for an anchor, from the changed values for a
 delta). A missing, partial, corrupt or out-of-order version stops the
 replay with a log line naming it; the subscriber then rebuilds from the newest anchor and
@@ -144,17 +144,10 @@ class WeightSubscriber:
 
   def _apply_delta(self, v: int, bits, metas, m, payload):
     bits = dict(bits)
-    applied = []  # (leaf, pos, xors) already applied, to undo on failure
-
-    def undo():
-      for leaf, pos, xors in applied:
-        bits[leaf], _ = codec.apply_changes(bits[leaf], pos, xors)
-      self._bits = bits  # the donated buffers now hold the previous version again
-
+    work = []  # (leaf, padded positions, padded xors) of the changed leaves
     for leaf, meta in m["leaves"].items():
       if not meta["nnz"]:
         if meta["fingerprint"] != metas[leaf]["fingerprint"]:
-          undo()
           raise VersionError(f"version {v}: unchanged leaf {leaf} changes fingerprint")
         continue
       p = payload[leaf]
@@ -162,20 +155,31 @@ class WeightSubscriber:
       pos_host = codec.positions(p["gaps"])
       if n != meta["nnz"] or len(p["xor"]) != n or (n and (
           pos_host[-1] >= size or np.any(p["gaps"][1:] == 0))):
-        undo()
         raise VersionError(f"version {v}: leaf {leaf} has malformed change positions")
-      cap = codec.capacity(n)
-      pos = np.full(cap, size, np.int32)  # out-of-range padding is dropped
+      cap = codec.leaf_capacity(size)
+      chunks = -(-n // cap)
+      pos = np.full(chunks * cap, size, np.int32)  # out-of-range padding is dropped
       pos[:n] = pos_host
-      xors = np.zeros(cap, np.uint16 if bits[leaf].dtype.itemsize == 2 else np.uint32)
+      xors = np.zeros(chunks * cap, np.uint16 if bits[leaf].dtype.itemsize == 2 else np.uint32)
       xors[:n] = p["xor"]
-      pos, xors = jnp.asarray(pos), jnp.asarray(xors)
-      bits[leaf], d = codec.apply_changes(bits[leaf], pos, xors)
-      applied.append((leaf, pos, xors))
-      d = np.asarray(d)
+      work.append((leaf, [(jnp.asarray(pos[i:i + cap]), jnp.asarray(xors[i:i + cap]))
+                          for i in range(0, chunks * cap, cap)]))
+    # Every position list checked first; then all scatters are dispatched before any
+    # fingerprint is read back, so host work and device work overlap.
+    diffs = {}
+    for leaf, parts in work:
+      diffs[leaf] = []
+      for pos, xors in parts:
+        bits[leaf], d = codec.apply_changes(bits[leaf], pos, xors)
+        diffs[leaf].append(d)
+    for leaf, _ in work:
+      d = np.sum([np.asarray(x, np.uint64) for x in diffs[leaf]], axis=0)  # wraps below
       old = metas[leaf]["fingerprint"]
       got = [(int(old[0]) + int(d[0])) % 2**32, (int(old[1]) + int(d[1])) % 2**32]
-      if got != meta["fingerprint"]:
-        undo()
+      if got != m["leaves"][leaf]["fingerprint"]:
+        for leaf2, parts in work:  # XOR again: an exact inverse (distinct positions)
+          for pos, xors in parts:
+            bits[leaf2], _ = codec.apply_changes(bits[leaf2], pos, xors)
+        self._bits = bits  # the donated buffers now hold the previous version again
         raise VersionError(f"version {v}: leaf {leaf} fails its fingerprint after applying")
     return bits

@@ -6,6 +6,11 @@ An experiment's `get_config()` returns a ConfigDict with these sections (see
   mode        'sft' (supervised on trajectories) or 'rl_synthetic' (GRPO with the real
               sampler on a verifiable toy reward).
   seed        parameter init, data shuffling and sampling seed.
+  init_checkpoint  optional: a directory written by `launch/convert_checkpoint.py` (a
+              Hugging Face Qwen3 / Qwen3-MoE checkpoint converted to Orbax). Training starts
+              from its weights, and its architecture fills `model`, where only fields that do
+              not change the parameters (max_seq_len, compute_dtype, row_tile, attention
+              blocks, ...) may be set; an architecture field that disagrees is an error.
   model       fields of `composer_rl.model.ModelConfig`.
   mesh        sizes of the mesh axes data / fsdp / tensor / expert (product = devices used).
   sharding_rules  ((logical_axis, mesh_axis or None), ...) for the parameters.
@@ -58,6 +63,14 @@ def _need(config, path: str, kind):
   return node
 
 
+# ModelConfig fields that decide the parameters' names and shapes (or the function they
+# compute), so a converted checkpoint's values for them are the only valid ones.
+ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+                       "head_dim", "d_ff", "rope_theta", "norm_eps", "qk_norm",
+                       "tie_embeddings", "num_experts", "experts_per_token", "moe_d_ff",
+                       "moe_layers", "norm_topk_prob")
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """The validated config."""
@@ -68,6 +81,7 @@ class Experiment:
   rules: tuple
   train: TrainConfig
   raw: Any
+  init_checkpoint: str = ""
 
 
 def build(config) -> Experiment:
@@ -76,7 +90,8 @@ def build(config) -> Experiment:
   if mode not in MODES:
     raise ConfigError(f"config.mode: {mode!r}; choose one of {MODES}")
   seed = _need(config, "seed", int)
-  model = _fields("model", ModelConfig, dict(config.model))
+  init = config.get("init_checkpoint", "") or ""
+  model = _model(config, init)
   mesh = dict(config.mesh)
   for k, v in mesh.items():
     if k not in shd.MESH_AXES:
@@ -128,4 +143,21 @@ def build(config) -> Experiment:
     raise ConfigError(f"config.loss.policy_loss must be 'sft' in mode 'sft', got "
                       f"{loss.policy_loss!r}")
   return Experiment(mode=mode, seed=seed, model=model, mesh=mesh, rules=rules, train=train,
-                    raw=config)
+                    raw=config, init_checkpoint=init)
+
+
+def _model(config, init: str) -> ModelConfig:
+  given = dict(config.model)
+  if not init:
+    return _fields("model", ModelConfig, given)
+  from composer_rl.model import hf_qwen3  # pylint: disable=g-import-not-at-top
+  try:
+    base = dataclasses.asdict(hf_qwen3.load_model_config(init))
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"config.init_checkpoint={init!r}: {e}") from None
+  norm = lambda k, v: tuple(v or ()) if k == "moe_layers" else v
+  for k in ARCHITECTURE_FIELDS:
+    if k in given and norm(k, given[k]) != norm(k, base[k]):
+      raise ConfigError(f"config.model.{k}={given[k]!r} disagrees with the checkpoint "
+                        f"{init} ({base[k]!r}); leave it out to take the checkpoint's")
+  return _fields("model", ModelConfig, {**base, **given})

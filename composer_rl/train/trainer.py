@@ -95,6 +95,12 @@ def train(config, workdir: str) -> Dict[str, Any]:
   if restored is not None:
     state, start = restored.state, restored.step
     print(f"composer_rl: resumed from step {start} in {workdir}", flush=True)
+  elif exp.init_checkpoint:  # a converted Hugging Face checkpoint, into the mesh
+    from composer_rl.model import hf_qwen3  # pylint: disable=g-import-not-at-top
+    params = hf_qwen3.load_params(exp.init_checkpoint,
+                                  target=step_fn.abstract_state().params)
+    state, start = step_fn.init_state(exp.seed, params=params), 0
+    print(f"composer_rl: starting from {exp.init_checkpoint}", flush=True)
   else:
     state, start = step_fn.init_state(exp.seed), 0
   source = _Source(exp, step_fn, restored.data_state if restored else None)
@@ -115,6 +121,10 @@ def train(config, workdir: str) -> Dict[str, Any]:
                 ledger={"consumed_batches": step + 1})
   ckpt.close()
   log.close()
+  if exp.init_checkpoint:  # exportable with launch/convert_checkpoint.py --export_from
+    from composer_rl.model import hf_qwen3  # pylint: disable=g-import-not-at-top
+    hf_qwen3.save_trained(os.path.join(workdir, "final_params"), exp.model, state.params,
+                          exp.init_checkpoint)
   summary = metrics_lib.summary(exp.mode, start, c.train.steps, history, time.time() - t0)
   print(json.dumps(summary), flush=True)
   sys.stdout.flush()

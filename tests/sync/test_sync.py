@@ -173,3 +173,51 @@ def test_failed_leaf_rolls_back_a_half_applied_delta(tmp_path, steps):
   assert sub.poll() is None  # nothing newer verifies; no anchor after 0
   assert sub.version == 0 and _bits_equal(sub.params, steps[0])
   assert any("fails its fingerprint" in line for line in sub.log)
+
+
+def test_delta_payload_is_a_few_packed_arrays(tmp_path, steps):
+  """However many leaves change, a delta is written as <= 4 arrays (16- and 32-bit gaps, 2-
+  and 4-byte XORs), and gaps restart per leaf so they stay 16-bit."""
+  root = str(tmp_path / "w")
+  pub = WeightPublisher(root, anchor_every=100)
+  pub.publish(steps[0])
+  m = pub.publish(steps[1])
+  assert sum(1 for v in m["leaves"].values() if v["nnz"]) > 3
+  payload = store._checkpointer().restore(os.path.join(store.version_dir(root, 1), "payload"))
+  assert set(payload) <= {"gaps2", "xor2", "xor4"} and payload["gaps2"].dtype == np.uint16
+  assert len(payload["gaps2"]) == m["changed"]
+
+
+def test_payload_shorter_than_its_manifest_is_never_applied(tmp_path, steps):
+  root = str(tmp_path / "w")
+  pub = WeightPublisher(root, anchor_every=100)
+  sub = WeightSubscriber(root, steps[0])
+  pub.publish(steps[0])
+  assert sub.poll() == 0
+  pub.publish(steps[1])
+  path = os.path.join(store.version_dir(root, 1), "payload")
+  payload = store._checkpointer().restore(path)
+  shutil.rmtree(path)
+  store._checkpointer().save(path, {k: np.asarray(v)[:-1] for k, v in payload.items()})
+  assert sub.poll() is None
+  assert sub.version == 0 and _bits_equal(sub.params, steps[0])
+  assert any("truncated" in line for line in sub.log), sub.log
+
+
+def test_delta_larger_than_the_scatter_capacity_applies_in_chunks(tmp_path):
+  """A leaf whose delta exceeds its fixed scatter capacity is applied in several chunks of
+  that capacity, exactly (and its fingerprint still verifies)."""
+  rng = np.random.default_rng(0)
+  a = {"w": jnp.asarray(rng.normal(size=(64, 1024)), jnp.bfloat16)}
+  cap = codec.leaf_capacity(a["w"].size)
+  assert cap < a["w"].size // 4
+  bumped = (a["w"].astype(jnp.float32) * 1.5 + 0.25).astype(jnp.bfloat16)
+  b = {"w": jnp.where(jnp.asarray(rng.random(a["w"].shape) < 0.3), bumped, a["w"])}
+  root = str(tmp_path / "w")
+  pub = WeightPublisher(root, anchor_every=100)
+  sub = WeightSubscriber(root, a)
+  pub.publish(a)
+  assert sub.poll() == 0
+  m = pub.publish(b)
+  assert m["kind"] == "delta" and m["changed"] > 2 * cap
+  assert sub.poll() == 1 and _bits_equal(sub.params, b)

@@ -1,0 +1,491 @@
+"""Hugging Face Qwen3 / Qwen3-MoE checkpoints <-> composer_rl parameters, streamed.
+
+Users start RL from an open checkpoint and serve the result elsewhere, so this module maps
+both ways between a Hugging Face directory (`config.json` + `model.safetensors` or sharded
+`model-*.safetensors` with `model.safetensors.index.json`) and the parameter tree of
+`composer_rl.model.Transformer` (`nnx.to_pure_dict(nnx.split(model)[1])`, the tree
+`TrainState.params` holds):
+
+  composer leaf                      Hugging Face tensor                      transform
+  embed            [V, D]            model.embed_tokens.weight     [V, D]     copy
+  lm_head          [D, V]            lm_head.weight                [V, D]     .T (absent if tied)
+  final_norm       [D]               model.norm.weight             [D]        copy
+  blocks.i.attn.norm                 model.layers.i.input_layernorm.weight    copy
+  blocks.i.attn.wq [D, H*hd]         ...self_attn.q_proj.weight    [H*hd, D]  .T
+  blocks.i.attn.wk / wv [D, G*hd]    ...self_attn.k_proj / v_proj  [G*hd, D]  .T
+  blocks.i.attn.wo [H*hd, D]         ...self_attn.o_proj.weight    [D, H*hd]  .T
+  blocks.i.attn.q_norm / k_norm      ...self_attn.q_norm / k_norm  [hd]       copy
+  blocks.i.ffn.norm                  ...post_attention_layernorm.weight       copy
+  dense: ffn.w_gate / w_up [D, F]    ...mlp.gate_proj / up_proj    [F, D]     .T
+         ffn.w_down [F, D]           ...mlp.down_proj.weight       [D, F]     .T
+  MoE:   ffn.router [D, E]           ...mlp.gate.weight            [E, D]     .T
+         ffn.w_gate / w_up [E, D, f] ...mlp.experts.e.gate_proj / up_proj [f, D]  stack of .T
+         ffn.w_down [E, f, D]        ...mlp.experts.e.down_proj    [D, f]     stack of .T
+
+Both sides lay heads out the same way (head h is rows h*hd:(h+1)*hd of the projection, and
+query head h reads kv head h // (H/G)), both use rotate-half RoPE after the per-head q/k
+RMSNorm, and both route on top-k of the softmax (renormalized iff `norm_topk_prob`), so the
+mapping is transposes only. Import also accepts the fused expert layout transformers >= 5
+keeps in memory (`mlp.experts.gate_up_proj` [E, 2f, D], `mlp.experts.down_proj` [E, D, f]);
+export always writes the per-expert layout the published checkpoints use.
+
+Safetensors go through `composer_rl.model.safetensors_io` (numpy, bfloat16 included, one
+tensor at a time), so neither direction ever holds more than one composer leaf (an expert
+stack at most) plus its source tensors in memory; the Orbax write reads from memory-mapped scratch files.
+Widening bf16/f16 to the fp32 master dtype and narrowing back is exact, so
+import -> export reproduces every tensor's bytes.
+"""
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import jax
+import numpy as np
+from flax import nnx
+
+from composer_rl.model.config import ModelConfig
+from composer_rl.model.safetensors_io import (  # noqa: F401  (part of this module's API)
+    INDEX_FILE, NAME_TO_NP, SINGLE_FILE, ConversionError, SafetensorsReader,
+    write_safetensors)
+from composer_rl.model.transformer import Transformer
+
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+# Files of a converted checkpoint directory.
+PARAMS_DIR, MODEL_CONFIG_FILE, HF_CONFIG_FILE = "params", "model_config.json", "hf_config.json"
+HF_FILES_DIR = "hf_files"  # the source's tokenizer and generation files, copied back on export
+HF_EXTRA_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                  "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
+                  "chat_template.jinja")
+
+
+# ---- config.json <-> ModelConfig ------------------------------------------------------
+def _rope_theta(hf: Dict[str, Any]) -> float:
+  rope = hf.get("rope_parameters") or {}
+  scaling = hf.get("rope_scaling") or {}
+  for r in (rope, scaling):
+    kind = r.get("rope_type", r.get("type", "default"))
+    if kind not in ("default", None):
+      raise ConversionError(f"config.json: RoPE scaling {kind!r} is not supported (composer_rl "
+                            "implements plain RoPE only)")
+  theta = rope.get("rope_theta", hf.get("rope_theta"))
+  if theta is None:
+    raise ConversionError("config.json: no rope_theta (nor rope_parameters.rope_theta)")
+  return float(theta)
+
+
+def moe_layers_from_hf(hf: Dict[str, Any]) -> Tuple[int, ...]:
+  """Indices of MoE layers: Qwen3-MoE's `decoder_sparse_step` / `mlp_only_layers` rule."""
+  n, step = int(hf["num_hidden_layers"]), int(hf.get("decoder_sparse_step", 1))
+  only_mlp = set(hf.get("mlp_only_layers") or ())
+  return tuple(i for i in range(n) if i not in only_mlp and (i + 1) % step == 0)
+
+
+def config_from_hf(hf: Dict[str, Any], **overrides) -> ModelConfig:
+  """`ModelConfig` of a Qwen3 / Qwen3-MoE `config.json` dict; `overrides` set the fields HF
+  does not determine (compute_dtype, row_tile, max_seq_len = KV cache length, ...)."""
+  kind = hf.get("model_type")
+  if kind not in ARCHITECTURES:
+    raise ConversionError(f"config.json: unsupported architecture model_type={kind!r} "
+                          f"(architectures={hf.get('architectures')}); supported: "
+                          f"{sorted(ARCHITECTURES)}")
+  need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+          "intermediate_size", "rms_norm_eps")
+  missing = [k for k in need if k not in hf]
+  if missing:
+    raise ConversionError(f"config.json: missing field(s) {missing}")
+  if hf.get("attention_bias"):
+    raise ConversionError("config.json: attention_bias=true is not supported (no biases)")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ConversionError(f"config.json: hidden_act={hf['hidden_act']!r}; only 'silu'")
+  if hf.get("use_sliding_window"):
+    raise ConversionError("config.json: use_sliding_window=true is not supported")
+  heads = int(hf["num_attention_heads"])
+  kw = dict(vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]),
+            num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+            d_ff=int(hf["intermediate_size"]),
+            max_seq_len=int(hf.get("max_position_embeddings", 4096)),
+            rope_theta=_rope_theta(hf), norm_eps=float(hf["rms_norm_eps"]), qk_norm=True,
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+  experts = int(hf.get("num_experts", hf.get("num_local_experts", 0)) or 0)
+  if kind == "qwen3_moe" and experts:
+    layers = moe_layers_from_hf(hf)
+    kw.update(num_experts=experts, experts_per_token=int(hf["num_experts_per_tok"]),
+              moe_d_ff=int(hf["moe_intermediate_size"]),
+              moe_layers=None if len(layers) == kw["num_layers"] else layers,
+              norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+    if "router_aux_loss_coef" in hf:
+      kw["router_aux_loss_coef"] = float(hf["router_aux_loss_coef"])
+  kw.update(overrides)
+  try:
+    return ModelConfig(**kw)
+  except (TypeError, ValueError) as e:
+    raise ConversionError(f"config.json does not make a valid ModelConfig: {e}") from None
+
+
+def config_to_hf(cfg: ModelConfig, base: Optional[Dict[str, Any]] = None,
+                 dtype: str = "bfloat16") -> Dict[str, Any]:
+  """`config.json` for `cfg`: `base` (e.g. the imported checkpoint's own config.json, so
+  token ids and other serving fields survive) with every field the model determines set."""
+  hf = dict(base or {})
+  moe = cfg.num_experts > 0 and cfg.num_moe_layers > 0
+  kind = "qwen3_moe" if moe else "qwen3"
+  if hf.get("model_type") not in (None, kind):
+    hf = {k: v for k, v in hf.items() if k not in (
+        "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "output_router_logits",
+        "router_aux_loss_coef", "layer_types", "max_window_layers")}
+  hf.update(architectures=[ARCHITECTURES[kind]], model_type=kind, vocab_size=cfg.vocab_size,
+            hidden_size=cfg.d_model, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, intermediate_size=cfg.d_ff, rms_norm_eps=cfg.norm_eps,
+            tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, hidden_act="silu")
+  hf.setdefault("max_position_embeddings", cfg.max_seq_len)
+  if isinstance(hf.get("rope_parameters"), dict):
+    hf["rope_parameters"] = dict(hf["rope_parameters"], rope_theta=cfg.rope_theta)
+  else:
+    hf["rope_theta"] = cfg.rope_theta
+  hf["dtype" if "dtype" in hf else "torch_dtype"] = dtype
+  if moe:
+    layers = tuple(i for i in range(cfg.num_layers) if cfg.is_moe_layer(i))
+    if "decoder_sparse_step" not in hf or moe_layers_from_hf(hf) != layers:
+      hf["decoder_sparse_step"] = 1
+      hf["mlp_only_layers"] = [i for i in range(cfg.num_layers) if i not in layers]
+    hf["num_local_experts" if "num_local_experts" in hf else "num_experts"] = cfg.num_experts
+    hf.update(num_experts_per_tok=cfg.experts_per_token, moe_intermediate_size=cfg.moe_d_ff,
+              norm_topk_prob=cfg.norm_topk_prob, router_aux_loss_coef=cfg.router_aux_loss_coef)
+  return hf
+
+
+# ---- safetensors, one tensor at a time ------------------------------------------------
+# ---- the name mapping -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+  """One composer leaf and the Hugging Face tensors it is made of."""
+  path: Tuple[Any, ...]
+  shape: Tuple[int, ...]
+  hf_names: Tuple[str, ...]
+  kind: str  # 'copy', 't' (transpose), 'experts_t' (stack of per-expert transposes)
+
+
+def _leaves(cfg: ModelConfig) -> List[_Leaf]:
+  d, v, hd = cfg.d_model, cfg.vocab_size, cfg.head_dim
+  qd, kvd = cfg.num_heads * hd, cfg.num_kv_heads * hd
+  out = [_Leaf(("embed",), (v, d), ("model.embed_tokens.weight",), "copy")]
+  for i in range(cfg.num_layers):
+    p, b = f"model.layers.{i}.", ("blocks", i)
+    out += [_Leaf(b + ("attn", "norm"), (d,), (p + "input_layernorm.weight",), "copy"),
+            _Leaf(b + ("attn", "wq"), (d, qd), (p + "self_attn.q_proj.weight",), "t"),
+            _Leaf(b + ("attn", "wk"), (d, kvd), (p + "self_attn.k_proj.weight",), "t"),
+            _Leaf(b + ("attn", "wv"), (d, kvd), (p + "self_attn.v_proj.weight",), "t"),
+            _Leaf(b + ("attn", "wo"), (qd, d), (p + "self_attn.o_proj.weight",), "t")]
+    if cfg.qk_norm:
+      out += [_Leaf(b + ("attn", "q_norm"), (hd,), (p + "self_attn.q_norm.weight",), "copy"),
+              _Leaf(b + ("attn", "k_norm"), (hd,), (p + "self_attn.k_norm.weight",), "copy")]
+    out.append(_Leaf(b + ("ffn", "norm"), (d,), (p + "post_attention_layernorm.weight",),
+                     "copy"))
+    if cfg.is_moe_layer(i):
+      e, f = cfg.num_experts, cfg.moe_d_ff
+      ex = lambda w, p=p: tuple(f"{p}mlp.experts.{j}.{w}.weight" for j in range(e))
+      out += [_Leaf(b + ("ffn", "router"), (d, e), (p + "mlp.gate.weight",), "t"),
+              _Leaf(b + ("ffn", "w_gate"), (e, d, f), ex("gate_proj"), "experts_t"),
+              _Leaf(b + ("ffn", "w_up"), (e, d, f), ex("up_proj"), "experts_t"),
+              _Leaf(b + ("ffn", "w_down"), (e, f, d), ex("down_proj"), "experts_t")]
+    else:
+      out += [_Leaf(b + ("ffn", "w_gate"), (d, cfg.d_ff), (p + "mlp.gate_proj.weight",), "t"),
+              _Leaf(b + ("ffn", "w_up"), (d, cfg.d_ff), (p + "mlp.up_proj.weight",), "t"),
+              _Leaf(b + ("ffn", "w_down"), (cfg.d_ff, d), (p + "mlp.down_proj.weight",), "t")]
+  out.append(_Leaf(("final_norm",), (d,), ("model.norm.weight",), "copy"))
+  if not cfg.tie_embeddings:
+    out.append(_Leaf(("lm_head",), (d, v), ("lm_head.weight",), "t"))
+  return out
+
+
+def _hf_shape(leaf: _Leaf) -> Tuple[int, ...]:
+  if leaf.kind == "copy":
+    return leaf.shape
+  return leaf.shape[-1:] + leaf.shape[-2:-1]  # per expert for 'experts_t'
+
+
+def _fused(reader: SafetensorsReader, leaf: _Leaf) -> Tuple[np.ndarray, List[str]]:
+  """An expert stack from the fused layout (`mlp.experts.gate_up_proj` / `down_proj`)."""
+  prefix = leaf.hf_names[0].split("experts.")[0] + "experts."
+  e, a, b = leaf.shape
+  if leaf.path[-1] == "w_down":  # [E, D, f] -> [E, f, D]
+    name = prefix + "down_proj"
+    return reader.get(name, (e, b, a)).transpose(0, 2, 1), [name]
+  name = prefix + "gate_up_proj"  # [E, 2f, D]: gate rows first, then up
+  w = reader.get(name, (e, 2 * b, a))
+  half = w[:, :b] if leaf.path[-1] == "w_gate" else w[:, b:]
+  return half.transpose(0, 2, 1), [name]
+
+
+def iter_params(reader: SafetensorsReader, cfg: ModelConfig
+                ) -> Iterator[Tuple[Tuple[Any, ...], np.ndarray]]:
+  """(composer path, array in cfg.param_dtype) for every leaf, reading tensors lazily.
+  Raises ConversionError naming missing, unexpected or misshapen tensors."""
+  dt = np.dtype(cfg.param_jnp_dtype)
+  leaves = _leaves(cfg)
+  expected = {n for leaf in leaves for n in leaf.hf_names}
+  have = set(reader.names())
+  fused_ok = {n for n in have if n.endswith(("mlp.experts.gate_up_proj",
+                                             "mlp.experts.down_proj"))}
+  missing = sorted(expected - have)
+  if fused_ok:
+    missing = [n for n in missing if ".mlp.experts." not in n]
+  if missing:
+    raise ConversionError(f"checkpoint is missing {len(missing)} tensor(s) the config needs, "
+                          f"e.g. {missing[:5]}")
+  extra = sorted(have - expected - fused_ok)
+  if cfg.tie_embeddings and "lm_head.weight" in extra:
+    extra.remove("lm_head.weight")  # a redundant copy of the tied embedding; checked below
+  if extra:
+    raise ConversionError(f"checkpoint has {len(extra)} tensor(s) the config does not explain "
+                          f"(wrong config.json or unsupported variant), e.g. {extra[:5]}")
+  for leaf in leaves:
+    if leaf.kind == "experts_t" and leaf.hf_names[0] not in have:
+      value, _ = _fused(reader, leaf)
+    elif leaf.kind == "experts_t":
+      value = np.stack([reader.get(n, _hf_shape(leaf)).T for n in leaf.hf_names])
+    else:
+      value = reader.get(leaf.hf_names[0], _hf_shape(leaf))
+      value = value.T if leaf.kind == "t" else value
+    if leaf.path == ("embed",) and cfg.tie_embeddings and "lm_head.weight" in have:
+      head = reader.get("lm_head.weight", leaf.shape)
+      if head.tobytes() != value.tobytes():
+        raise ConversionError("tie_word_embeddings=true but lm_head.weight differs from "
+                              "model.embed_tokens.weight")
+    yield leaf.path, np.ascontiguousarray(value.astype(dt))
+
+
+def _set(tree: Dict, path: Tuple[Any, ...], value) -> None:
+  for k in path[:-1]:
+    tree = tree.setdefault(k, {})
+  tree[path[-1]] = value
+
+
+def _get(tree, path: Tuple[Any, ...]):
+  for k in path:
+    tree = tree[k]
+  return tree
+
+
+def read_hf_config(hf_dir: str) -> Dict[str, Any]:
+  path = os.path.join(hf_dir, "config.json")
+  if not os.path.exists(path):
+    raise ConversionError(f"{hf_dir}: no config.json")
+  with open(path) as f:
+    return json.load(f)
+
+
+def import_hf(hf_dir: str, **overrides) -> Tuple[ModelConfig, Dict]:
+  """(ModelConfig, params pure dict of numpy arrays) of a Hugging Face directory, in memory
+  (tests, small models); `convert` streams into an Orbax checkpoint instead."""
+  cfg = config_from_hf(read_hf_config(hf_dir), **overrides)
+  params: Dict = {}
+  for path, value in iter_params(SafetensorsReader(hf_dir), cfg):
+    _set(params, path, value)
+  return cfg, params
+
+
+def abstract_params(cfg: ModelConfig) -> Dict:
+  """ShapeDtypeStructs of the parameter pure dict (no memory allocated)."""
+  return jax.eval_shape(lambda: nnx.to_pure_dict(nnx.split(
+      Transformer(cfg, rngs=nnx.Rngs(0)))[1]))
+
+
+def build_model(cfg: ModelConfig, params: Dict) -> Transformer:
+  """A `Transformer` holding `params` (a pure dict), without a random init."""
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  nnx.replace_by_pure_dict(state, jax.tree.map(jax.numpy.asarray, params))
+  return nnx.merge(graphdef, state)
+
+
+# ---- Orbax checkpoint of the converted parameters -------------------------------------
+def _source_dtype(reader: SafetensorsReader, hf: Dict[str, Any]) -> str:
+  names = {v: k for k, v in NAME_TO_NP.items()}
+  found = sorted(names[d] for d in reader.dtypes())
+  if len(found) == 1:
+    return found[0]
+  return str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16")
+
+
+def convert(hf_dir: str, out_dir: str, **overrides) -> ModelConfig:
+  """Hugging Face directory -> converted checkpoint `out_dir`, streamed tensor by tensor.
+
+  `out_dir` gets `params/` (Orbax, the parameter pure dict), `model_config.json` (the
+  ModelConfig fields), `hf_config.json` (the source config.json plus `composer_rl_dtype`,
+  the tensor dtype to export back to) and `hf_files/` (the source's tokenizer and
+  generation files, for `HfTokenizer` and for export). Returns the ModelConfig.
+  """
+  import orbax.checkpoint as ocp  # local: only conversion needs it
+  hf = read_hf_config(hf_dir)
+  cfg = config_from_hf(hf, **overrides)
+  reader = SafetensorsReader(hf_dir)
+  out_dir = os.path.abspath(out_dir)
+  scratch = os.path.join(out_dir, ".scratch")
+  os.makedirs(scratch, exist_ok=True)
+  tree: Dict = {}
+  try:
+    for n, (path, value) in enumerate(iter_params(reader, cfg)):
+      m = np.lib.format.open_memmap(os.path.join(scratch, f"{n}.npy"), mode="w+",
+                                    dtype=value.dtype, shape=value.shape)
+      m[...] = value
+      m.flush()
+      del value
+      _set(tree, path, np.load(os.path.join(scratch, f"{n}.npy"), mmap_mode="r"))
+    ckpt = ocp.StandardCheckpointer()
+    ckpt.save(os.path.join(out_dir, PARAMS_DIR), tree, force=True)
+    ckpt.wait_until_finished()
+  finally:
+    tree.clear()
+    shutil.rmtree(scratch, ignore_errors=True)
+  with open(os.path.join(out_dir, MODEL_CONFIG_FILE), "w") as f:
+    json.dump(dataclasses.asdict(cfg), f, indent=2)
+  with open(os.path.join(out_dir, HF_CONFIG_FILE), "w") as f:
+    json.dump(dict(hf, composer_rl_dtype=_source_dtype(reader, hf)), f, indent=2)
+  copy_hf_files(hf_dir, os.path.join(out_dir, HF_FILES_DIR))
+  return cfg
+
+
+def copy_hf_files(src_dir: str, dst_dir: str) -> List[str]:
+  """Copies the tokenizer / generation files (`HF_EXTRA_FILES`) present in src_dir."""
+  found = [n for n in HF_EXTRA_FILES if os.path.isfile(os.path.join(src_dir, n))]
+  if found:
+    os.makedirs(dst_dir, exist_ok=True)
+  for n in found:
+    shutil.copyfile(os.path.join(src_dir, n), os.path.join(dst_dir, n))
+  return found
+
+
+def load_model_config(ckpt_dir: str, **overrides) -> ModelConfig:
+  """The ModelConfig saved by `convert`, with `overrides` (e.g. compute_dtype, max_seq_len)."""
+  with open(os.path.join(ckpt_dir, MODEL_CONFIG_FILE)) as f:
+    kw = json.load(f)
+  if kw.get("moe_layers") is not None:
+    kw["moe_layers"] = tuple(kw["moe_layers"])
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def load_params(ckpt_dir: str, target: Any = None) -> Dict:
+  """The parameter pure dict saved by `convert` (or by `save_params`).
+
+  It matches `nnx.to_pure_dict(nnx.split(Transformer(cfg, rngs))[1])`, so it goes straight
+  into `TrainStep.init_state(seed, params=load_params(dir))`. `target`: a tree of
+  ShapeDtypeStructs with shardings (e.g. `step_fn.abstract_state().params`) to restore
+  directly into a mesh; default: `abstract_params` of the saved config, on the default device.
+  """
+  import orbax.checkpoint as ocp
+  if target is None:
+    target = abstract_params(load_model_config(ckpt_dir))
+  return ocp.StandardCheckpointer().restore(
+      os.path.join(os.path.abspath(ckpt_dir), PARAMS_DIR), target)
+
+
+def save_params(ckpt_dir: str, cfg: ModelConfig, params: Dict,
+                hf_config: Optional[Dict[str, Any]] = None) -> None:
+  """Writes trained `params` in `convert`'s layout, so `export` can turn it into HF files."""
+  import orbax.checkpoint as ocp
+  ckpt_dir = os.path.abspath(ckpt_dir)
+  os.makedirs(ckpt_dir, exist_ok=True)
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(os.path.join(ckpt_dir, PARAMS_DIR), jax.device_get(params), force=True)
+  ckpt.wait_until_finished()
+  with open(os.path.join(ckpt_dir, MODEL_CONFIG_FILE), "w") as f:
+    json.dump(dataclasses.asdict(cfg), f, indent=2)
+  if hf_config is not None:
+    with open(os.path.join(ckpt_dir, HF_CONFIG_FILE), "w") as f:
+      json.dump(hf_config, f, indent=2)
+
+
+def save_trained(out_dir: str, cfg: ModelConfig, params: Dict, init_checkpoint: str) -> None:
+  """Trained `params` of a run that started from `init_checkpoint`, in `convert`'s layout
+  with that checkpoint's HF config and tokenizer files: `export_checkpoint(out_dir, ...)`
+  then writes a Hugging Face directory that other engines serve."""
+  with open(os.path.join(init_checkpoint, HF_CONFIG_FILE)) as f:
+    hf_config = json.load(f)
+  save_params(out_dir, cfg, params, hf_config=hf_config)
+  copy_hf_files(os.path.join(init_checkpoint, HF_FILES_DIR),
+                os.path.join(os.path.abspath(out_dir), HF_FILES_DIR))
+
+
+# ---- export ---------------------------------------------------------------------------
+def export_hf(params: Dict, cfg: ModelConfig, out_dir: str,
+              base_config: Optional[Dict[str, Any]] = None, dtype: Optional[str] = None,
+              max_shard_bytes: int = 5 << 30) -> List[str]:
+  """Writes `params` as Hugging Face safetensors (sharded past `max_shard_bytes`, with the
+  index file) + config.json into `out_dir`; returns the tensor names written.
+
+  dtype: tensor dtype ('bfloat16', 'float32', 'float16'); default the source checkpoint's
+  (`base_config['composer_rl_dtype']`), else bfloat16. Leaves are converted one at a time.
+  """
+  base = dict(base_config or {})
+  dtype = dtype or base.pop("composer_rl_dtype", None) or "bfloat16"
+  base.pop("composer_rl_dtype", None)
+  if dtype not in NAME_TO_NP:
+    raise ConversionError(f"unknown export dtype {dtype!r}; choose one of {sorted(NAME_TO_NP)}")
+  np_dt = NAME_TO_NP[dtype]
+  os.makedirs(out_dir, exist_ok=True)
+  leaves = _leaves(cfg)
+  for leaf in leaves:
+    got = tuple(np.shape(_get(params, leaf.path)))
+    if got != leaf.shape:
+      raise ConversionError(f"param {'.'.join(map(str, leaf.path))} has shape {list(got)}, "
+                            f"expected {list(leaf.shape)} for this ModelConfig")
+  owner = {}  # HF name -> (leaf, expert index or None)
+  for leaf in leaves:
+    for j, n in enumerate(leaf.hf_names):
+      owner[n] = (leaf, j if leaf.kind == "experts_t" else None)
+  # Leaf order, so an expert stack is fetched once for its E tensors (see `produce`).
+  specs = [(n, _hf_shape(owner[n][0]), np_dt) for n in owner]
+  shards: List[List] = [[]]
+  size = 0
+  for s in specs:
+    n = int(np.prod(s[1])) * np_dt.itemsize
+    if shards[-1] and size + n > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(s)
+    size += n
+
+  cache: Dict[str, Any] = {}
+
+  def produce(name: str) -> np.ndarray:
+    leaf, j = owner[name]
+    if cache.get("path") != leaf.path:  # one leaf on the host at a time
+      cache.update(path=leaf.path, value=np.asarray(jax.device_get(_get(params, leaf.path))))
+    w = cache["value"]
+    w = w[j].T if j is not None else (w.T if leaf.kind == "t" else w)
+    return w.astype(np_dt)
+
+  files = ([SINGLE_FILE] if len(shards) == 1 else
+           [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+  for fname, shard in zip(files, shards):
+    write_safetensors(os.path.join(out_dir, fname), shard, produce)
+  if len(shards) > 1:
+    total = sum(int(np.prod(s[1])) * np_dt.itemsize for s in specs)
+    weight_map = {s[0]: fname for fname, shard in zip(files, shards) for s in shard}
+    with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(config_to_hf(cfg, base, dtype), f, indent=2)
+  return [s[0] for s in specs]
+
+
+def export_checkpoint(ckpt_dir: str, out_dir: str, dtype: Optional[str] = None,
+                      max_shard_bytes: int = 5 << 30) -> List[str]:
+  """Converted checkpoint (`convert` / `save_params` layout) -> Hugging Face directory,
+  with the source's tokenizer and generation files when the checkpoint kept them."""
+  cfg = load_model_config(ckpt_dir)
+  base = None
+  path = os.path.join(ckpt_dir, HF_CONFIG_FILE)
+  if os.path.exists(path):
+    with open(path) as f:
+      base = json.load(f)
+  names = export_hf(load_params(ckpt_dir), cfg, out_dir, base, dtype, max_shard_bytes)
+  copy_hf_files(os.path.join(ckpt_dir, HF_FILES_DIR), out_dir)
+  return names

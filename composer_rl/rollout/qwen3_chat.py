@@ -1,0 +1,253 @@
+"""Qwen3's chat layout and tool-call convention, token-in/token-out.
+
+A drop-in for `composer_rl.rollout.chat.ChatFormat` (`start`, `observation`,
+`end_of_turn`, `tok`) for a Qwen3 checkpoint with its real tokenizer (`HfTokenizer`). The
+text is what Qwen3's published chat template renders for the same conversation:
+
+  <|im_start|>system\n{system}\n\n# Tools ... <tools>\n{signature JSON per tool}\n</tools>
+  ...<|im_end|>\n<|im_start|>user\n{task}<|im_end|>\n<|im_start|>assistant\n
+  [model: <think>\n...\n</think>\n\n{text}\n<tool_call>\n{"name": ..., "arguments": {...}}
+  \n</tool_call><|im_end|>]
+  \n<|im_start|>user\n<tool_response>\n{observation}\n</tool_response><|im_end|>\n
+  <|im_start|>assistant\n [model ...]
+
+Token-in/token-out: `start` and `observation` return only the new tokens, built piece by
+piece (control tokens as ids, text through `HfTokenizer.encode`, which never turns text
+into a control token), so earlier turns' ids never change and the model's sampled ids are
+kept as sampled. Each piece boundary sits at a special token, so for a conversation whose
+assistant turns are canonical (`assistant_text`) the concatenated ids equal the encoding of
+the template's full rendering. One deliberate divergence: with `enable_thinking=False`
+every turn opens with an empty `<think>\n\n</think>\n\n` (what Qwen3's generation prompt
+adds), which the reference template drops from *earlier* turns when it re-renders; we keep
+what the model actually saw.
+
+`parse_tool_calls` reads the model's `<tool_call>` JSON into the environment's `ToolCall`s
+with `tool_call_format`'s checks and `ToolCallError` kinds; `to_env_text` rewrites one call
+into the environment's own spelling for `env.harness`.
+"""
+import json
+import re
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from composer_rl.data.hf_tokenizer import HfTokenizer
+from composer_rl.env import tool_call_format as tcf
+from composer_rl.env.tool_call_format import ToolCall, ToolCallError
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query."
+                "\n\nYou are provided with function signatures within <tools></tools> XML tags:"
+                "\n<tools>")
+TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name"
+                " and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+_DESCRIPTIONS = {
+    "list_dir": ("List the entries of a directory in the repository.",
+                 {"path": "Directory, relative to the repository root."}),
+    "read_file": ("Read lines of a file (1-based, inclusive range).",
+                  {"path": "File, relative to the repository root.",
+                   "start": "First line to read.", "end": "Last line to read (default: end)."}),
+    "search": ("Search files for a Python regular expression; shows matching lines.",
+               {"pattern": "Python regular expression.", "path": "File or directory to search."}),
+    "edit": ("Replace the exact string `old` (which must occur exactly once) by `new`.",
+             {"path": "File to edit.", "old": "Exact text to replace.", "new": "Replacement."}),
+    "write_file": ("Create or overwrite a file.",
+                   {"path": "File to write.", "content": "Full new content."}),
+    "run": ("Run a shell command in the sandbox; shows its output and exit status.",
+            {"cmd": "Shell command.", "timeout": "Seconds before it is killed (capped)."}),
+    "submit": ("Submit the work: ends the episode and triggers grading.", {}),
+}
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def env_tools() -> List[Dict[str, Any]]:
+  """The environment's tools as OpenAI-style function signatures (what `<tools>` lists)."""
+  out = []
+  for name, (_, params) in tcf.TOOL_SCHEMAS.items():
+    desc, arg_desc = _DESCRIPTIONS.get(name, (name, {}))
+    props = {}
+    for p in params:
+      types = [_JSON_TYPES[t] for t in p.types]
+      props[p.name] = {"type": "number" if set(types) == {"integer", "number"} else types[0],
+                       "description": arg_desc.get(p.name, p.name)}
+    out.append({"type": "function", "function": {
+        "name": name, "description": desc,
+        "parameters": {"type": "object", "properties": props,
+                       "required": [p.name for p in params if p.required]}}})
+  return out
+
+
+def format_call(name: str, arguments: Dict[str, Any]) -> str:
+  """One call as Qwen3 writes it (the template's spelling, `json.dumps` separators)."""
+  return (f'{CALL_OPEN}\n{{"name": "{name}", "arguments": '
+          f'{json.dumps(arguments, ensure_ascii=False)}}}\n{CALL_CLOSE}')
+
+
+def assistant_text(content: str = "", tool_calls: Sequence[Dict[str, Any]] = (),
+                   reasoning: Optional[str] = None) -> str:
+  """The canonical text of an assistant turn (without the closing <|im_end|>), as the
+  template renders it after the last user query: scripted policies and SFT data use this.
+  tool_calls: [{'name': ..., 'arguments': {...}}, ...]."""
+  text = content
+  if reasoning is not None:
+    text = f"{THINK_OPEN}\n{reasoning.strip(chr(10))}\n{THINK_CLOSE}\n\n{content.lstrip(chr(10))}"
+  for k, call in enumerate(tool_calls):
+    if k or content:
+      text += "\n"
+    text += format_call(call["name"], call.get("arguments", {}))
+  return text
+
+
+class Qwen3ChatFormat:
+  """Qwen3 chat turns as token ids for an `HfTokenizer` (see module docstring).
+
+  tools: function signatures for the system prompt (default: the environment's tools;
+    None or [] = no tools block). enable_thinking: False opens every assistant turn with
+    an empty think block, as Qwen3's `enable_thinking=False` generation prompt does.
+  """
+
+  def __init__(self, tokenizer: HfTokenizer, tools: Optional[Sequence[Dict]] = (),
+               enable_thinking: bool = True):
+    self.tok = tokenizer
+    self.tools = env_tools() if tools == () else list(tools or [])
+    self.enable_thinking = enable_thinking
+    self._ids = {s: tokenizer.token_id(s) for s in (IM_START, IM_END)}
+
+  # Pieces are special-token strings (kept as one id) or text (encoded as text).
+  def _tokens(self, pieces: List[str]) -> List[int]:
+    out: List[int] = []
+    for p in pieces:
+      out += [self._ids[p]] if p in self._ids else self.tok.encode(p)
+    return out
+
+  def _generation_prompt(self) -> List[str]:
+    return [IM_START, "assistant\n" + ("" if self.enable_thinking else EMPTY_THINK)]
+
+  def _start_pieces(self, system: str, task: str) -> List[str]:
+    pieces = []
+    if self.tools:
+      sig = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in self.tools)
+      head = system + "\n\n" if system else ""
+      pieces += [IM_START, f"system\n{head}{TOOLS_HEADER}{sig}{TOOLS_FOOTER}", IM_END, "\n"]
+    elif system:
+      pieces += [IM_START, f"system\n{system}", IM_END, "\n"]
+    return pieces + [IM_START, f"user\n{task}", IM_END, "\n"] + self._generation_prompt()
+
+  def _observation_pieces(self, observations: Union[str, Sequence[str]]) -> List[str]:
+    obs = [observations] if isinstance(observations, str) else list(observations)
+    body = "".join(f"\n<tool_response>\n{o}\n</tool_response>" for o in obs)
+    return ["\n", IM_START, "user" + body, IM_END, "\n"] + self._generation_prompt()
+
+  def start(self, system: str, task: str) -> List[int]:
+    """System (with the tools block) + user task + the first assistant header."""
+    return self._tokens(self._start_pieces(system, task))
+
+  def start_text(self, system: str, task: str) -> str:
+    return "".join(self._start_pieces(system, task))
+
+  def observation(self, observations: Union[str, Sequence[str]]) -> List[int]:
+    """Tokens after the assistant's <|im_end|>: the tool results as one user turn of
+    <tool_response> blocks (one per call), then the next assistant header."""
+    return self._tokens(self._observation_pieces(observations))
+
+  def observation_text(self, observations: Union[str, Sequence[str]]) -> str:
+    return "".join(self._observation_pieces(observations))
+
+  def assistant(self, text: str) -> List[int]:
+    """A whole assistant turn given as text (scripted / SFT data), ending on <|im_end|>."""
+    return self.tok.encode(text) + [self.end_of_turn]
+
+  @property
+  def end_of_turn(self) -> int:
+    return self._ids[IM_END]
+
+
+# ---- the model's tool calls -------------------------------------------------------------
+_TAG_RE = re.compile(re.escape(CALL_OPEN) + "|" + re.escape(CALL_CLOSE))
+
+
+# tool_call_format's own checks (duplicate keys, tool names, argument binding), reused so
+# both spellings accept and reject exactly the same calls.
+_no_dup_keys = tcf._reject_duplicate_keys  # pylint: disable=protected-access
+_resolve_name = tcf._resolve_name  # pylint: disable=protected-access
+_bind = tcf._bind  # pylint: disable=protected-access
+
+
+def _call_from_json(body: str) -> ToolCall:
+  if len(body) > tcf.MAX_CALL_CHARS:
+    raise ToolCallError(f"tool call longer than {tcf.MAX_CALL_CHARS} characters", "too_long")
+  try:
+    value = json.loads(body, object_pairs_hook=_no_dup_keys)
+  except json.JSONDecodeError as e:
+    raise ToolCallError(f"invalid JSON in tool call: {e.msg} at char {e.pos}", "bad_json")
+  if not isinstance(value, dict) or "name" not in value or set(value) - {"name", "arguments"}:
+    raise ToolCallError('tool call must be a JSON object {"name": ..., "arguments": {...}}',
+                        "bad_shape")
+  args = value.get("arguments", {})
+  if isinstance(args, str):  # some models write the arguments as a JSON string
+    try:
+      args = json.loads(args, object_pairs_hook=_no_dup_keys)
+    except json.JSONDecodeError as e:
+      raise ToolCallError(f"invalid JSON in tool call arguments: {e.msg} at char {e.pos}",
+                          "bad_json")
+  if not isinstance(args, dict):
+    raise ToolCallError('"arguments" must be a JSON object', "bad_shape")
+  name = _resolve_name(value["name"])
+  return ToolCall(name, _bind(name, args))
+
+
+def _parse_calls(text: str) -> List[ToolCall]:
+  if not isinstance(text, str):
+    raise ToolCallError("model output must be text", "bad_shape")
+  if THINK_CLOSE in text:  # calls written while thinking are not calls
+    text = text.rsplit(THINK_CLOSE, 1)[1]
+  elif THINK_OPEN in text:
+    raise ToolCallError(f"the turn ended inside {THINK_OPEN} (no {THINK_CLOSE})", "no_call")
+  tags = list(_TAG_RE.finditer(text))
+  if not tags:
+    raise ToolCallError("no tool call found; write one like <tool_call>\n"
+                        '{"name": "submit", "arguments": {}}\n</tool_call>', "no_call")
+  calls, pos = [], None
+  for m in tags:
+    if m.group(0) == CALL_OPEN:
+      if pos is not None:
+        raise ToolCallError(f"{CALL_OPEN} opened again before {CALL_CLOSE}", "unterminated")
+      pos = m.end()
+    else:
+      if pos is None:
+        raise ToolCallError(f"{CALL_CLOSE} without {CALL_OPEN}", "unterminated")
+      calls.append(_call_from_json(text[pos:m.start()]))
+      pos = None
+  if pos is not None:
+    raise ToolCallError(f"tool call must end with {CALL_CLOSE}", "unterminated")
+  if text[tags[-1].end():].strip():
+    raise ToolCallError(f"nothing may follow the last {CALL_CLOSE}", "trailing_text")
+  return calls
+
+
+def parse_tool_calls(text: str) -> List[ToolCall]:
+  """All `<tool_call>` blocks of a model turn (after its reasoning), checked against the
+  environment's tool schemas; raises only `ToolCallError` (kinds as in tool_call_format)."""
+  try:
+    return _parse_calls(text)
+  except ToolCallError:
+    raise
+  except Exception as e:  # defensive: the trainer must never see a parser exception
+    raise ToolCallError(f"could not parse tool call: {type(e).__name__}", "bad_json") from None
+
+
+def parse_tool_call(text: str) -> ToolCall:
+  """Exactly one call (the environment runs one per turn)."""
+  calls = parse_tool_calls(text)
+  if len(calls) != 1:
+    raise ToolCallError("exactly one tool call per turn", "multiple_calls")
+  return calls[0]
+
+
+def to_env_text(text: str) -> str:
+  """A Qwen3 turn rewritten as the one call `env.harness` parses (`<tool>{...}</tool>`)."""
+  call = parse_tool_call(text)
+  return tcf.format_tool_call(call.name, call.args)
