@@ -25,8 +25,9 @@ class ModelConfig:
     head_dim: width of each attention head (Qwen3 decouples it from d_model/num_heads).
     d_ff: hidden width of the dense SwiGLU MLP.
     max_seq_len: fixed length of the KV cache. Every attention (prefill, decode and the
-      training forward) attends over exactly this many key slots with -inf masking, which is
-      what makes a query's result independent of prompt length and padding.
+      training forward) works on this fixed key axis with -inf masking (in fixed key blocks,
+      see attention_key_block), which is what makes a query's result independent of prompt
+      length and padding.
     rope_theta: RoPE base frequency.
     norm_eps: RMSNorm epsilon.
     qk_norm: RMSNorm on each query/key head before RoPE (Qwen3 does this).

@@ -10,8 +10,9 @@ softmax normalizers depend on the padded key length. The design that removes all
   `lax.map`, so each block is the *same* compiled computation whatever the batch, slot,
   padding or program (prefill, decode, or the forward inside `value_and_grad`).
 * `attention`: fixed blocks of query positions against a key axis of fixed length (the KV
-  cache), -inf masking, and a softmax whose normalizer comes out of the same dot as the
-  values (V carries an extra channel of ones).
+  cache) taken in fixed key blocks with an online softmax, -inf masking, and a normalizer
+  that comes out of the same dot as the values (V carries an extra channel of ones). Key
+  blocks past what a call can see are skipped, which is exact (see `attention`).
 
 A backend-specific kernel (a Pallas fixed-tile matmul on GPU) can replace `dense` or
 `attention` here without touching the model.
