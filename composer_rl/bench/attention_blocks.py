@@ -5,7 +5,8 @@ prefill and the train step. Prints one JSON object; ratios are against the first
 
   python -m composer_rl.bench.attention_blocks --blocks=16:0,4:0,4:64,4:128
 
-Each pair is query_block:key_block (0 = the whole cache in one block). The experiment's
+Each pair is query_block:key_block (0 = the whole cache in one block); a third field
+`inexact` (e.g. 4:0:inexact) runs the non-exact fast mode, the floor exactness is paid over. The experiment's
 model (default experiments/tiny_bugfix.py), its decode slots holding sessions of spread
 lengths (like a running rollout factory), and its RL batch (groups_per_step x group_size
 rows of max_seq_len tokens, 450 of them real).
@@ -86,9 +87,10 @@ def main(argv):
   rows = c.rl.groups_per_step * c.rl.group_size
   out = {"slots": c.rl.slots, "train_rows": rows, "blocks": {}}
   for pair in _BLOCKS.value.split(","):
-    qb, kb = (int(x) for x in pair.split(":"))
-    cfg = ModelConfig(**{**dict(c.model), "attention_query_block": qb,
-                         "attention_key_block": kb}, vocab_size=ByteTokenizer().vocab_size)
+    qb, kb, *mode = pair.split(":")  # a third field 'inexact': the non-exact fast mode
+    cfg = ModelConfig(**{**dict(c.model), "attention_query_block": int(qb),
+                         "exact_numerics": mode != ["inexact"],
+                         "attention_key_block": int(kb)}, vocab_size=ByteTokenizer().vocab_size)
     out["blocks"][pair] = _measure(cfg, c.rl.slots, rows)
   base = next(iter(out["blocks"].values()))
   for r in out["blocks"].values():

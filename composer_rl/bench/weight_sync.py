@@ -101,11 +101,12 @@ def _measure(name, cfg, lrs, steps, tmp):
     sub = WeightSubscriber(root, inference_copy(params, cfg))
     sub.poll()
     fractions, ratios, disk_ratios, pub_s, apply_s = [], [], [], [], []
+    copy = None
     for k in range(steps):
       sampler = Sampler(nnx.merge(graphdef, params))
       batch = _rl_batch(sampler, cfg, k)
       params, opt_state = step_fn(params, opt_state, *batch, rows)
-      copy = jax.block_until_ready(inference_copy(params, cfg))  # both paths need it
+      prev, copy = copy if k else None, jax.block_until_ready(inference_copy(params, cfg))
       t0 = time.perf_counter()
       m = pub.publish(copy)
       pub_s.append(time.perf_counter() - t0)
@@ -127,7 +128,14 @@ def _measure(name, cfg, lrs, steps, tmp):
                  publish_seconds=float(np.median(pub_s[1:] or pub_s)),
                  read_apply_seconds=float(np.median(apply_s[1:] or apply_s)),
                  exact=bool(exact), full_anchor_bytes=anchor["full_bytes"])
-    if lr == lrs[0]:  # baseline: a full Orbax save + restore of the same inference copy
+    if lr == lrs[0] and prev is not None:
+      # The floor of any delta path: read both copies to find what changed (the jitted
+      # bit compare, the packed mask to the host, the changed positions from it).
+      t0 = time.perf_counter()
+      for a, b in zip(codec.flatten_device(prev).values(), codec.flatten_device(copy).values()):
+        codec.mask_positions(np.asarray(codec.changed_mask(a, b)), b.size)
+      entry["change_detection_seconds"] = time.perf_counter() - t0
+      # baseline: a full Orbax save + restore of the same inference copy
       full_s = _full_save_restore(final, os.path.join(tmp, f"{name}-full"))
       entry["full_save_restore_seconds"] = full_s
       entry["full_over_delta_seconds"] = full_s / (entry["publish_seconds"]

@@ -128,8 +128,14 @@ def _reject_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
 
 def parse_tool_call(text: str) -> ToolCall:
     """Parse one model turn into a ToolCall, or raise ToolCallError (never anything else)."""
+    return guarded_parse(_parse, text)
+
+
+def guarded_parse(parse, text: str):
+    """`parse(text)`, with any exception but ToolCallError turned into one ('bad_json'):
+    the trainer must never see a parser crash on what a model wrote."""
     try:
-        return _parse(text)
+        return parse(text)
     except ToolCallError:
         raise
     except Exception as e:  # defensive: the trainer must never see a parser exception

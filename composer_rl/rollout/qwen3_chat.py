@@ -231,12 +231,7 @@ def _parse_calls(text: str) -> List[ToolCall]:
 def parse_tool_calls(text: str) -> List[ToolCall]:
   """All `<tool_call>` blocks of a model turn (after its reasoning), checked against the
   environment's tool schemas; raises only `ToolCallError` (kinds as in tool_call_format)."""
-  try:
-    return _parse_calls(text)
-  except ToolCallError:
-    raise
-  except Exception as e:  # defensive: the trainer must never see a parser exception
-    raise ToolCallError(f"could not parse tool call: {type(e).__name__}", "bad_json") from None
+  return tcf.guarded_parse(_parse_calls, text)
 
 
 def parse_tool_call(text: str) -> ToolCall:

@@ -81,7 +81,7 @@ class WeightPublisher:
         parts = {"bits": codec.bits_of(np.asarray(b))}
         payload[payload_key(k)] = parts["bits"]
         fps[k] = tuple(int(x) for x in np.asarray(dev_fps[k]))
-        leaves[k] = self._leaf_meta(k, shapes[k], b.size, fps[k], parts)
+        leaves[k] = _leaf_meta(k, shapes[k], b.size, fps[k], store.payload_sha256(parts))
     else:
       kind = "delta"
       deltas = {}
@@ -97,9 +97,9 @@ class WeightPublisher:
           fps[k] = self._fps[k]
       payload, layout = store.pack_delta(deltas)
       for k in new:
-        leaves[k] = dict(shape=shapes[k][0], dtype=shapes[k][1], nnz=int(len(changed[k])),
-                         fingerprint=[int(x) for x in fps[k]], payload_key=payload_key(k),
-                         **layout.get(k, {"payload_sha256": store.payload_sha256({})}))
+        lay = dict(layout.get(k, {"payload_sha256": store.payload_sha256({})}))
+        leaves[k] = _leaf_meta(k, shapes[k], len(changed[k]), fps[k], lay.pop("payload_sha256"),
+                               **lay)
     anchor = version if kind == "anchor" else self._anchor
     total_changed = sum(v["nnz"] for v in leaves.values())
     manifest = dict(format=store.FORMAT, version=version,
@@ -113,12 +113,6 @@ class WeightPublisher:
     self._gc()
     manifest["publish_seconds"] = time.perf_counter() - t0
     return manifest
-
-  @staticmethod
-  def _leaf_meta(key, shape_dtype, nnz, fp, parts) -> Dict:
-    return dict(shape=shape_dtype[0], dtype=shape_dtype[1], nnz=int(nnz),
-                fingerprint=[int(x) for x in fp], payload_key=payload_key(key),
-                payload_sha256=store.payload_sha256(parts))
 
   def _gc(self) -> None:
     """Deletes versions older than the anchor that rebuilds the oldest kept version."""
@@ -139,3 +133,9 @@ class WeightPublisher:
       if v < needed_anchor:
         logging.info("weight sync: deleting version %d (older than anchor %d)", v, needed_anchor)
         shutil.rmtree(store.version_dir(self.root, v), ignore_errors=True)
+
+
+def _leaf_meta(key, shape_dtype, nnz, fp, sha256, **layout) -> Dict:
+  return dict(shape=shape_dtype[0], dtype=shape_dtype[1], nnz=int(nnz),
+              fingerprint=[int(x) for x in fp], payload_key=payload_key(key),
+              payload_sha256=sha256, **layout)
