@@ -3,13 +3,21 @@
 The config file's `get_config()` is loaded and locked, so a misspelled or mistyped
 `--config.<field>=...` override fails at start, naming the field; the library validates
 every value again (`composer_rl.train.config`) before any work starts.
+
+On a cluster every process runs the same command with `--distributed=auto` (Cloud TPU,
+Slurm) or `explicit` (see `composer_rl.cluster.flags` and the recipes in launch/);
+`--dry_run` prints the deployment plan without touching a device.
 """
+import json
+import sys
+
 import composer_rl  # noqa: F401  (sets the parity XLA flags before JAX starts)
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from composer_rl.controller import agent_rl
-from composer_rl.train import trainer
+from composer_rl.cluster import distributed
+from composer_rl.cluster import flags as cluster_flags
+from composer_rl.cluster import plan as plan_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
@@ -22,6 +30,17 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
   config = _CONFIG.value
+  if cluster_flags.DRY_RUN.value:
+    topology = (plan_lib.Topology.parse(cluster_flags.TOPOLOGY.value)
+                if cluster_flags.TOPOLOGY.value else plan_lib.Topology.current())
+    p = plan_lib.plan(config, topology, cluster_flags.DISTRIBUTED.value, _WORKDIR.value)
+    print("\n".join(plan_lib.describe(p)), file=sys.stderr)
+    print(json.dumps(p))
+    return
+  distributed.initialize(cluster_flags.spec())
+  # Imported after the job is joined: nothing may create a JAX backend before that.
+  from composer_rl.controller import agent_rl  # pylint: disable=g-import-not-at-top
+  from composer_rl.train import trainer  # pylint: disable=g-import-not-at-top
   if config.get("kind") == "agent_rl":  # SFT + RL of an agent in the sandbox (controller)
     agent_rl.run(config, _WORKDIR.value)
   else:  # SFT / synthetic-RL experiments of the trainer alone

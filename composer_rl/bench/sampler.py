@@ -36,6 +36,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (best is report
 _TILE = flags.DEFINE_integer("row_tile", None, "Override the preset's row tile.")
 _QBLOCK = flags.DEFINE_integer("attention_query_block", None,
                                "Override the preset's attention query block.")
+_PARITY_PROMPTS = flags.DEFINE_integer(
+    "parity_prompts", 8, "Prompts of the parity mismatch check (each generated at batch 1, "
+    "so this bounds its time: the CPU dry run of launch/device_check.py uses 2).")
 
 
 def _best(fn, repeats):
@@ -127,7 +130,8 @@ def _train_step_seconds(cfg, batch, length, repeats):
 
 
 def _mismatch(cfg, seed=0):
-  report = run_suite([cfg], SamplingConfig(max_new_tokens=16, seed=seed), num_prompts=8,
+  report = run_suite([cfg], SamplingConfig(max_new_tokens=16, seed=seed),
+                     num_prompts=_PARITY_PROMPTS.value,
                      prompt_len_range=(4, 40), batch_sizes=[1], prefill_chunks=[None],
                      prompt_buckets=[16], train_batch_sizes=[8], num_devices=[], seed=seed)
   return dict(tokens=report["tokens"], mismatched_tokens=report["mismatched_tokens"],

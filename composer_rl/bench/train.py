@@ -1,6 +1,9 @@
 """Train-step benchmark: tokens/s of the full sharded step (value_and_grad over microbatches,
 deterministic gradient reduction, clip, AdamW) for the tiny model and a ~100M-parameter
 model, exact vs inexact forward, on 1 and 8 (fake CPU) devices. Prints one JSON object.
+Each row also carries its model FLOP/s and, on a device with a known bf16 peak, its MFU
+(`composer_rl.bench.mfu`). `--sizes=1b` is the ~1B `dense_1b` preset (accelerator only:
+`python -m composer_rl.bench.train --sizes=1b --devices=1 --seq_len=1024`).
 
   python -m composer_rl.bench.train                         # everything (< 10 min, 2 cores)
   python -m composer_rl.bench.train --sizes=tiny --devices=1  # seconds
@@ -23,8 +26,9 @@ import composer_rl  # noqa: F401  (parity XLA flags)
 import jax
 import numpy as np
 
+from composer_rl.bench import mfu as mfu_lib
 from composer_rl.model import sharding as shd
-from composer_rl.model.config import ModelConfig
+from composer_rl.model.config import ModelConfig, get_preset
 from composer_rl.train import losses
 from composer_rl.train.batch import build_batch
 from composer_rl.train.optimizer import OptimizerConfig
@@ -39,6 +43,8 @@ SIZES = {
     "100m": ModelConfig(vocab_size=8192, d_model=768, num_layers=12, num_heads=12,
                         num_kv_heads=4, head_dim=64, d_ff=2560, max_seq_len=128, row_tile=64,
                         attention_query_block=32),
+    # ~0.98B parameters (composer_rl.model.config PRESETS["dense_1b"]).
+    "1b": get_preset("dense_1b"),
 }
 
 _SIZES = flags.DEFINE_list("sizes", ["tiny", "100m"], f"model sizes: {sorted(SIZES)}")
@@ -59,7 +65,9 @@ _CHILD = flags.DEFINE_bool("child", False, "internal: run only in this process")
 
 def _measure(size: str, mode: str, devices: int, rows: int, seq_len: int, steps: int,
              reduce: str):
-  mc = SIZES[size].replace(exact_numerics=(mode == "exact"), max_seq_len=seq_len)
+  kb = SIZES[size].attention_key_block
+  mc = SIZES[size].replace(exact_numerics=(mode == "exact"), max_seq_len=seq_len,
+                           attention_key_block=kb if kb and seq_len % kb == 0 else 0)
   mesh = shd.make_mesh({"data": devices}, jax.devices()[:devices])
   cfg = TrainConfig(optimizer=OptimizerConfig(warmup_steps=0, total_steps=100),
                     loss=losses.LossConfig(), micro_batch_size=rows // devices,
@@ -83,10 +91,12 @@ def _measure(size: str, mode: str, devices: int, rows: int, seq_len: int, steps:
     times.append(time.perf_counter() - t)
   params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   best = min(times)
+  kind = jax.devices()[0].device_kind
   return dict(size=size, params=params, mode=mode, devices=devices, grad_reduce=reduce,
               rows=rows, seq_len=seq_len, step_s=round(best, 4),
               tokens_per_s=round(rows * seq_len / best, 1),
-              first_step_s=round(compile_s, 2), loss=float(m["loss"]))
+              first_step_s=round(compile_s, 2), loss=float(m["loss"]), device_kind=kind,
+              **mfu_lib.mfu(mc, seq_len, rows * seq_len / best, kind, devices))
 
 
 def _rows(devices: int):

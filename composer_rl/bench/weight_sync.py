@@ -3,6 +3,7 @@ delta save? Prints one JSON object.
 
   python -m composer_rl.bench.weight_sync                 # tiny + ~125M-parameter config
   python -m composer_rl.bench.weight_sync --sizes=tiny --steps=2
+  python -m composer_rl.bench.weight_sync --sizes=1b --steps=2 --lrs=1e-6  # accelerator
 
 For each size and learning rate (1e-6, 3e-6, 1e-5) it runs real RL steps (sample with the
 Sampler, a verifiable reward, group-normalized advantages, policy-gradient loss through
@@ -36,7 +37,7 @@ from composer_rl.sync.publisher import WeightPublisher
 from composer_rl.sync.subscriber import WeightSubscriber
 from composer_rl.train.scoring import score_tokens
 
-_SIZES = flags.DEFINE_string("sizes", "tiny,125m", "Comma list of: tiny, 125m.")
+_SIZES = flags.DEFINE_string("sizes", "tiny,125m", "Comma list of: tiny, 125m, 1b.")
 _LRS = flags.DEFINE_string("lrs", "1e-6,3e-6,1e-5", "Learning rates.")
 _STEPS = flags.DEFINE_integer("steps", 3, "RL steps per learning rate.")
 _SYNTH = flags.DEFINE_float(
@@ -52,6 +53,8 @@ _CONFIGS = {
     "125m": ModelConfig(vocab_size=32000, d_model=768, num_layers=12, num_heads=12,
                         num_kv_heads=4, head_dim=64, d_ff=2048, max_seq_len=64,
                         exact_numerics=False),  # inexact: only the update sizes matter here
+    # ~0.98B (the dense_1b preset), short cache: the RL batch is 24 tokens.
+    "1b": get_preset("dense_1b", max_seq_len=64, attention_key_block=0, exact_numerics=False),
 }
 
 

@@ -62,6 +62,11 @@ class Setup:
       inference_meshes = [sharding.make_mesh({"data": -1})]
       self.mesh, self.shards = None, 1
     else:
+      if jax.process_count() > 1:
+        raise ValueError(
+            f"agent RL is one controller but this job has {jax.process_count()} processes: "
+            "run it under Pathways (--distributed=pathways) or on one host, with rollouts in "
+            "separate jobs (rl.rollouts='remote', launch/rollout_worker.py)")
       plan = placement.carve(jax.devices(), config.mesh.train_fraction,
                              config.mesh.inference_meshes)
       self.mesh, inference_meshes = plan.train_mesh, plan.inference_meshes
@@ -173,7 +178,9 @@ def evaluate(s: Setup, params, count: int, tag: str) -> Dict[str, float]:
   return out
 
 
-def sft_stage(s: Setup):
+def sft_stage(s: Setup, init_params=None):
+  """SFT from `init_params` (e.g. a continued-pretraining checkpoint's, host arrays) or,
+  when None, from a fresh initialization with the experiment's seed."""
   c = s.config.sft
   # SFT has no sampler to agree with bit for bit, so it may use the attention query block
   # that trains fastest at its batch size; the parameters are the same either way.
@@ -183,7 +190,7 @@ def sft_stage(s: Setup):
   step = make_sft_step(model_config, OptimizerConfig(
       learning_rate=c.learning_rate, warmup_steps=c.warmup_steps, total_steps=c.steps),
       s.mesh)
-  state = step.init_state(s.config.seed)
+  state = step.init_state(s.config.seed, params=init_params)
   demos = demonstrations(s)
   s.metrics.write(0, dict(demos=len(demos), demo_reward=float(np.mean([d.reward for d in demos]))),
                   phase="demos")
@@ -334,9 +341,10 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
                      sampler_stats=factory.stats())
 
 
-def run(config, workdir: str) -> Dict:
+def run(config, workdir: str, init_params=None) -> Dict:
   """Runs (or resumes, from `workdir/checkpoints`) the experiment; returns the summary,
-  which is also the last stdout line (JSON)."""
+  which is also the last stdout line (JSON). `init_params` (host arrays of the same
+  architecture) start SFT from an earlier stage's weights instead of a fresh init."""
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
   s = Setup(config, workdir)
@@ -349,7 +357,7 @@ def run(config, workdir: str) -> Dict:
     s.metrics.truncate_phase("rl", restored.step)
     print(f"composer_rl: resumed at RL step {restored.step} from {workdir}", flush=True)
   else:  # step 0 of RL is the SFT policy: checkpointed, so SFT never runs twice
-    sft_params = sft_stage(s).params
+    sft_params = sft_stage(s, init_params).params
     book = dict(sft_eval=evaluate(s, sft_params, config.eval.num_heldout, "sft"))
     state = step.init_state(config.seed, params=sft_params)
     ckpt.save(0, state, ledger=book)

@@ -1,7 +1,8 @@
 """Model shape and numerics configuration.
 
 A `ModelConfig` fully determines the parameter tree and the compiled forward. Presets:
-`tiny` (trains on a laptop CPU), `parity_512` (the d_model-512 parity size), and the shapes
+`tiny` (trains on a laptop CPU), `parity_512` (the d_model-512 parity size), `dense_1b` (the
+~1B accelerator check of launch/device_check.py), and the shapes
 of Qwen3-0.6B and Qwen3-30B-A3B (instantiable on an accelerator, never in tests).
 """
 import dataclasses
@@ -147,6 +148,12 @@ PRESETS = {
                                   num_kv_heads=4, head_dim=64, d_ff=1024, max_seq_len=256,
                                   num_experts=8, experts_per_token=2, moe_d_ff=512,
                                   moe_layers=(1, 3)),
+    # ~0.98B parameters (dense, untied): the accelerator benchmark/parity size of
+    # launch/device_check.py. Query block 16 x 2 heads per kv head = 32-row attention dots;
+    # key block 256 so decode and the causal training forward skip unseen keys.
+    "dense_1b": ModelConfig(vocab_size=32000, d_model=2048, num_layers=18, num_heads=16,
+                            num_kv_heads=8, head_dim=128, d_ff=5632, max_seq_len=2048,
+                            row_tile=128, attention_query_block=16, attention_key_block=256),
     # Shapes of the public Qwen3 checkpoints (config.json of Qwen/Qwen3-0.6B, -30B-A3B).
     "qwen3_0_6b": ModelConfig(vocab_size=151936, d_model=1024, num_layers=28, num_heads=16,
                               num_kv_heads=8, head_dim=128, d_ff=3072, max_seq_len=40960,

@@ -393,8 +393,11 @@ def save_params(ckpt_dir: str, cfg: ModelConfig, params: Dict,
   ckpt_dir = os.path.abspath(ckpt_dir)
   os.makedirs(ckpt_dir, exist_ok=True)
   ckpt = ocp.StandardCheckpointer()
-  ckpt.save(os.path.join(ckpt_dir, PARAMS_DIR), jax.device_get(params), force=True)
+  # Arrays go to Orbax as they are: each process writes the shards it holds.
+  ckpt.save(os.path.join(ckpt_dir, PARAMS_DIR), params, force=True)
   ckpt.wait_until_finished()
+  if jax.process_index() != 0:  # the JSON files are written once
+    return
   with open(os.path.join(ckpt_dir, MODEL_CONFIG_FILE), "w") as f:
     json.dump(dataclasses.asdict(cfg), f, indent=2)
   if hf_config is not None:

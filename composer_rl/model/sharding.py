@@ -96,3 +96,16 @@ def shard_batch(fn: Callable, mesh: Mesh, num_replicated: int = 1) -> Callable:
 
 def num_batch_shards(mesh: Mesh) -> int:
   return int(np.prod([mesh.shape[a] for a in batch_axes(mesh)]))
+
+
+def to_host(tree):
+  """numpy copies of every leaf's global value, on every process.
+
+  One process: `jax.device_get`. Several (multi-controller): an array sharded over other
+  hosts' devices is not addressable here, so its shards are all-gathered first (through
+  the cluster's collectives). Costs one full copy of the tree in each host's memory.
+  """
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return multihost_utils.process_allgather(tree, tiled=True)

@@ -15,6 +15,11 @@ process killed mid-save leaves only an ignored `*.orbax-checkpoint-tmp-*` direct
 finalized checkpoint can still be damaged later (disk, partial copy). Restore therefore
 walks from the newest step down, and a step whose items are missing, unreadable, or whose
 bytes do not hash to the recorded digest is reported and skipped.
+
+Several processes (multi-controller JAX): every process calls save and restore; Orbax
+writes each array's shards from the process that holds them and the JSON items from process
+0, so a checkpoint written by N processes restores in M processes (any mesh, through the
+target's shardings) -- tested with 2 and 1 in tests/cluster.
 """
 import hashlib
 import logging
@@ -26,13 +31,15 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from composer_rl.model import sharding
+
 log = logging.getLogger(__name__)
 
 
 def digest(tree: Any) -> str:
   """SHA-256 over every leaf's dtype, shape and bytes, in tree order."""
   h = hashlib.sha256()
-  for leaf in jax.tree.leaves(jax.device_get(tree)):
+  for leaf in jax.tree.leaves(sharding.to_host(tree)):
     a = np.ascontiguousarray(np.asarray(leaf))
     h.update(f"{a.dtype}{a.shape}".encode())
     h.update(a.tobytes())

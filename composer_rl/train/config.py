@@ -12,7 +12,8 @@ An experiment's `get_config()` returns a ConfigDict with these sections (see
               not change the parameters (max_seq_len, compute_dtype, row_tile, attention
               blocks, ...) may be set; an architecture field that disagrees is an error.
   model       fields of `composer_rl.model.ModelConfig`.
-  mesh        sizes of the mesh axes data / fsdp / tensor / expert (product = devices used).
+  mesh        sizes of the mesh axes data / fsdp / tensor / expert (product = devices used;
+              one axis may be -1: all remaining devices, e.g. data=-1 on a cluster).
   sharding_rules  ((logical_axis, mesh_axis or None), ...) for the parameters.
   optimizer   fields of `composer_rl.train.optimizer.OptimizerConfig`.
   loss        fields of `composer_rl.train.losses.LossConfig`.
@@ -96,8 +97,11 @@ def build(config) -> Experiment:
   for k, v in mesh.items():
     if k not in shd.MESH_AXES:
       raise ConfigError(f"config.mesh.{k}: unknown mesh axis; known: {shd.MESH_AXES}")
-    if not isinstance(v, int) or v <= 0:
-      raise ConfigError(f"config.mesh.{k}: expected a positive int, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or not (v > 0 or v == -1):
+      raise ConfigError(f"config.mesh.{k}: expected a positive int (or -1: all remaining "
+                        f"devices), got {v!r}")
+  if list(mesh.values()).count(-1) > 1:
+    raise ConfigError(f"config.mesh: at most one axis may be -1, got {mesh}")
   rules = tuple(tuple(r) for r in config.sharding_rules)
   for r in rules:
     if len(r) != 2 or (r[1] is not None and r[1] not in shd.MESH_AXES):

@@ -34,10 +34,18 @@ def _maybe_stall(step: int, workdir: str) -> None:
 
 
 def _mesh(mesh_shape: Dict[str, int]):
-  n = int(np.prod(list(mesh_shape.values()) or [1]))
+  sizes = list(mesh_shape.values()) or [1]
+  if -1 in sizes:  # one axis takes all remaining devices
+    return shd.make_mesh(mesh_shape, jax.devices())
+  n = int(np.prod(sizes))
   if n > jax.device_count():
     raise ValueError(f"config.mesh {mesh_shape} needs {n} devices, {jax.device_count()} "
                      "available")
+  if jax.process_count() > 1 and n != jax.device_count():
+    # Every process runs the same program; each must hold a part of the mesh.
+    raise ValueError(f"config.mesh {mesh_shape} uses {n} of {jax.device_count()} devices; "
+                     f"with {jax.process_count()} processes the mesh must span all devices "
+                     "(set one axis to -1)")
   return shd.make_mesh(mesh_shape, jax.devices()[:n])
 
 
@@ -54,6 +62,10 @@ class _Source:
               sft.synthetic_records(c.data.synthetic_num, exp.seed))
       ds = data.sft_batches(recs, self.rows, c.train.seq_len, exp.seed)
     else:
+      if jax.process_count() > 1:
+        raise ValueError("mode='rl_synthetic' runs its sampler in one process; in a "
+                         f"{jax.process_count()}-process job use mode='sft', or agent RL with "
+                         "remote rollout workers (BUILD_NOTES: deployment modes)")
       r = c.rl
       prompts = rl_synthetic.make_prompts(r.num_prompts, r.prompt_len, exp.model.vocab_size,
                                           exp.seed)
@@ -94,7 +106,8 @@ def train(config, workdir: str) -> Dict[str, Any]:
   restored = ckpt.restore(step_fn.abstract_state())
   if restored is not None:
     state, start = restored.state, restored.step
-    print(f"composer_rl: resumed from step {start} in {workdir}", flush=True)
+    print(f"composer_rl: resumed from step {start} in {workdir} (process "
+          f"{jax.process_index()} of {jax.process_count()})", flush=True)
   elif exp.init_checkpoint:  # a converted Hugging Face checkpoint, into the mesh
     from composer_rl.model import hf_qwen3  # pylint: disable=g-import-not-at-top
     params = hf_qwen3.load_params(exp.init_checkpoint,
@@ -104,7 +117,11 @@ def train(config, workdir: str) -> Dict[str, Any]:
   else:
     state, start = step_fn.init_state(exp.seed), 0
   source = _Source(exp, step_fn, restored.data_state if restored else None)
-  log = metrics_lib.MetricsLog(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
+  # Several processes: every one runs the step and writes its checkpoint shards; process 0
+  # alone writes the metrics log and the console.
+  chief = jax.process_index() == 0
+  log = (metrics_lib.MetricsLog(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
+         if chief else None)
   t0, history = time.time(), []
   for step in range(start, c.train.steps):
     batch, info = source.next(state.params, step)
@@ -112,20 +129,23 @@ def train(config, workdir: str) -> Dict[str, Any]:
     _maybe_stall(step, workdir)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     m.update(info, step=step + 1, seconds=round(time.time() - t0, 3))
-    log.write(m)
     history.append(m)
-    if (step + 1) % c.train.log_every == 0 or step + 1 == c.train.steps:
+    if log:
+      log.write(m)
+    if chief and ((step + 1) % c.train.log_every == 0 or step + 1 == c.train.steps):
       print(metrics_lib.console_line(m), flush=True)
     if (step + 1) % c.checkpoint.every_steps == 0 or step + 1 == c.train.steps:
       ckpt.save(step + 1, state, source.it.get_state(),
                 ledger={"consumed_batches": step + 1})
   ckpt.close()
-  log.close()
+  if log:
+    log.close()
   if exp.init_checkpoint:  # exportable with launch/convert_checkpoint.py --export_from
     from composer_rl.model import hf_qwen3  # pylint: disable=g-import-not-at-top
     hf_qwen3.save_trained(os.path.join(workdir, "final_params"), exp.model, state.params,
                           exp.init_checkpoint)
   summary = metrics_lib.summary(exp.mode, start, c.train.steps, history, time.time() - t0)
-  print(json.dumps(summary), flush=True)
+  if chief:
+    print(json.dumps(summary), flush=True)
   sys.stdout.flush()
   return summary
