@@ -8,7 +8,9 @@ setuptools.setup(
     "sandboxed coding environments, async rollouts, sparse weight sync.",
     packages=setuptools.find_packages(include=["composer_rl", "composer_rl.*"]),
     # The real-repository task demo ships a trimmed copy of toolz and the tasks built from it.
-    package_data={"composer_rl.env": ["data/*.json", "data/toolz-1.2.0/**/*"]},
+    # The rollout viewer's static page (HTML/JS/CSS) is copied into each run's viewer/.
+    package_data={"composer_rl.env": ["data/*.json", "data/toolz-1.2.0/**/*"],
+                  "composer_rl.viewer": ["assets/*"]},
     python_requires=">=3.11",
     # Parity (bit-identical sampler and trainer logprobs) is a property of the exact XLA
     # build, so jax/jaxlib are pinned to the minor series the parity suite was run on.
@@ -25,7 +27,8 @@ setuptools.setup(
         "matplotlib>=3.8",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5"],
+        # selenium drives Debian's headless Chromium in the viewer tests (.ci/run installs it)
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "selenium>=4.20"],
         "jetstream": ["google-jetstream==0.2.2"],
         # Hugging Face Qwen3 import/export is numpy-only; these run its reference tests
         # (transformers on PyTorch CPU) and load real tokenizers (composer_rl.data.hf_tokenizer).

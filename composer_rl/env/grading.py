@@ -86,7 +86,7 @@ class GradeReport:
     exit_code: Optional[int] = None
     timed_out: bool = False
     output_tail: str = ""
-    outcomes: Dict[str, str] = dataclasses.field(default_factory=dict)  # pytest: id -> outcome
+    outcomes: Dict[str, str] = dataclasses.field(default_factory=dict)  # test/check id -> outcome
 
     @property
     def fraction(self) -> float:
@@ -131,15 +131,18 @@ def _run_checks(task, sandbox, copy_dir, grader_dir, results_dir, uid, timeout_s
             f"check process exit code {r.exit_code}" if r.exit_code else "no valid result")
         return GradeReport(False, 0, n_total, why, exit_code=r.exit_code,
                            timed_out=r.timed_out, output_tail=(r.stdout + r.stderr)[-2000:])
-    n_ok, first_bad = 0, None
+    n_ok, first_bad, outcomes = 0, None, {}
     for c in task.checks:
         got = out.get(c["id"])
         if isinstance(got, dict) and set(got) == {"value"} and _same(c["expected"], got["value"]):
             n_ok += 1
-        elif first_bad is None:
-            first_bad = c["id"]
+            outcomes[c["id"]] = "passed"
+        else:
+            first_bad = first_bad or c["id"]
+            outcomes[c["id"]] = "error" if isinstance(got, dict) and "error" in got else "failed"
     reason = "all checks passed" if n_ok == n_total else f"check {first_bad} failed"
-    return GradeReport(n_ok == n_total, n_ok, n_total, reason, exit_code=r.exit_code)
+    return GradeReport(n_ok == n_total, n_ok, n_total, reason, exit_code=r.exit_code,
+                       outcomes=outcomes)
 
 
 def _run_pytest(task, sandbox, copy_dir, grader_dir, results_dir, uid, timeout_s):

@@ -22,6 +22,7 @@ from composer_rl.env.reward import RewardContext, RewardResult, make_reward
 from composer_rl.env.sandbox import SandboxLimits, make_sandbox
 from composer_rl.env.tool_call_format import ToolCallError, format_help, parse_tool_call
 from composer_rl.env.tools import TOOLS, ToolError, ToolLimits, truncate_observation
+from composer_rl.env.tree_diff import tree_diff
 from composer_rl.env.world import World
 
 SYSTEM_PROMPT = ("You are a coding agent working in a repository at /work. {tools} "
@@ -152,8 +153,15 @@ class CodingEnv:
         self._result = self._reward_fn(ctx)
         self._result.info.update({"grade_reason": report.reason, "n_passed": report.n_passed,
                                   "n_total": report.n_total, "metrics": dict(self.metrics),
-                                  "submitted": self.submitted})
+                                  "submitted": self.submitted,
+                                  "tests": _test_results(self.task, report.outcomes)})
         return self._result
+
+    def work_tree_diff(self) -> Optional[str]:
+        """What the agent changed: its work tree against the task's files (see tree_diff)."""
+        if self.world is None or self.world.closed:
+            return None
+        return tree_diff(self.world.root, self.task.files)
 
     def close(self) -> None:
         if self.world is not None:
@@ -164,6 +172,19 @@ class CodingEnv:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _test_results(task, outcomes: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
+    """{test id: {"outcome", "hidden"}} for the record: which visible and which hidden
+    tests (or checks) passed. A test is hidden when its module is one of the task's hidden
+    test files (checks are named by id; their module comes from task.test_ids)."""
+    hidden_modules = {p[:-3].replace("/", ".") for p in task.hidden_tests if p.endswith(".py")}
+    full = {t.split("::")[-1]: t for t in task.test_ids}
+
+    def hidden(tid: str) -> bool:
+        where = full.get(tid, tid).split("::")[0]  # module, or module.Class
+        return any(where == m or where.startswith(m + ".") for m in hidden_modules)
+    return {tid: {"outcome": outcome, "hidden": hidden(tid)} for tid, outcome in outcomes.items()}
 
 
 def make_env(task, config: Optional[EnvConfig] = None, sandbox=None) -> CodingEnv:

@@ -61,6 +61,16 @@ class RolloutConfig:
   decode_steps: int = 1
 
 
+def _work_tree_diff(env) -> Optional[str]:
+  """The env's diff of its work tree against the task (inspection only: never raises,
+  None for an env without `work_tree_diff`)."""
+  try:
+    diff = getattr(env, "work_tree_diff", None)
+    return diff() if callable(diff) else None
+  except Exception as e:  # a record without its diff is better than a lost session
+    return f"(diff unavailable: {type(e).__name__})"
+
+
 class RolloutRunner:
   """Runs sessions to completion; see module docstring."""
 
@@ -168,6 +178,7 @@ class RolloutRunner:
       t.reward, t.reward_info = 0.0, {"error": f"grading failed: {type(e).__name__}: {e}"}
       t.finish_reason = "error"
     finally:
+      t.final_diff = _work_tree_diff(s.env)  # before close() deletes the world
       try:
         s.env.close()
       except Exception:  # closing is best effort; the world is deleted by its owner
@@ -181,8 +192,15 @@ class RolloutRunner:
     traj = Trajectory(task_id=task_id, group_id=group_id, session_id=int(sid),
                       tokens=[], loss_mask=[], logprobs=[], versions=[])
     s = LiveSession(traj=traj, env=env)
-    s.extend_context(self.chat.start(self.cfg.system_prompt, env.reset()))
+    prompt = env.reset()
+    s.extend_context(self.chat.start(self.cfg.system_prompt, prompt))
     s.turn_start = len(traj.tokens)
+    # For inspection only (composer_rl.viewer): the texts the tokens above encode, and
+    # what the environment says about its task (envs without a task leave it empty).
+    traj.prompt, traj.system_prompt = prompt, self.cfg.system_prompt
+    task = getattr(env, "task", None)
+    traj.task_info = {k: str(getattr(task, k)) for k in ("id", "family", "split")
+                      if isinstance(getattr(task, k, None), str)}
     return s
 
   def run_stream(self, next_job: Callable[[], Optional[Job]], emit: Callable[[Trajectory], None],
@@ -250,7 +268,10 @@ class RolloutRunner:
           s.traj.metrics["tool_crashes"] = (s.traj.metrics.get("tool_crashes", 0)
                                             + int(info.get("tool_crash", 0)))
           if done or s.traj.turns >= self.cfg.max_turns:
-            grading[pool.submit(self._grade, s, "submitted" if done else "turn_budget")] = s
+            # The harness also ends a session when its own turn budget runs out, which is
+            # not a submission (it says so with `budget_exhausted`).
+            submitted = done and not info.get("budget_exhausted")
+            grading[pool.submit(self._grade, s, "submitted" if submitted else "turn_budget")] = s
             continue
           obs_tokens = self.chat.observation(obs)
           if len(s.traj.tokens) + len(obs_tokens) + 2 >= eng.config.max_seq_len:

@@ -22,6 +22,17 @@ class Trajectory:
   turns: number of model turns; finish_reason: 'submitted', 'turn_budget', 'token_budget',
     'context_full' or 'error'.
   metrics: malformed tool calls, seconds spent in tools, etc.
+
+  Optional fields for inspection (composer_rl.viewer), filled by the rollout runner when
+  it finishes a session; records written before they existed load with these defaults:
+  prompt: the text the environment opened the session with (`env.reset()`, which holds
+    the task and instructions); system_prompt: the runner's system message.
+  task_info: what the environment knows of its task ({"id", "family", "split"}).
+  final_diff: unified diff of the session's work tree against the task's original files
+    (None when the environment cannot produce one).
+  segments: compaction boundaries, for a runner that compacts long sessions (none does
+    yet): [{"turn": first turn after the boundary, "token": index in `tokens`,
+    "summary": the text that replaced the turns before it}]. Empty = one segment.
   """
   task_id: str
   group_id: int
@@ -37,6 +48,11 @@ class Trajectory:
   metrics: Dict[str, float] = dataclasses.field(default_factory=dict)
   turn_texts: List[str] = dataclasses.field(default_factory=list)
   observations: List[str] = dataclasses.field(default_factory=list)
+  prompt: Optional[str] = None
+  system_prompt: Optional[str] = None
+  task_info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  final_diff: Optional[str] = None
+  segments: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
   @property
   def num_generated(self) -> int:

@@ -36,8 +36,9 @@ class CountingEnv:
   length after a delay (a slow tool), ends after `turns` turns, rewards 1 if any turn
   contained the byte 'a'."""
 
-  def __init__(self, turns=3, delay=0.01, crash_on=None):
+  def __init__(self, turns=3, delay=0.01, crash_on=None, budget_ends=False):
     self.turns, self.delay, self.crash_on, self.seen = turns, delay, crash_on, []
+    self.budget_ends = budget_ends  # end as the harness does when its turn budget is spent
     self.metrics = {"malformed_calls": 0}
 
   def reset(self):
@@ -49,7 +50,9 @@ class CountingEnv:
     self.metrics["malformed_calls"] += int(not text)
     if self.crash_on == len(self.seen):
       raise RuntimeError("tool died")
-    return _Step(f"len={len(text)}", len(self.seen) >= self.turns, {})
+    done = len(self.seen) >= self.turns
+    return _Step(f"len={len(text)}", done,
+                 {"budget_exhausted": True} if done and self.budget_ends else {})
 
   def grade(self):
     return _Grade(float(any("a" in t for t in self.seen)))
@@ -98,6 +101,15 @@ def test_sessions_share_slots_and_stay_exact(setup):
   graphdef, params = nnx.split(model)
   assert _verify(trajs, {0: params}, graphdef, cfg) == sum(t.num_generated for t in trajs)
   assert runner.stats["decode_steps"] > 0
+
+
+def test_a_session_ended_by_the_env_turn_budget_is_not_a_submission(setup):
+  tok, model = setup
+  eng = Engine(model, slots=2, prefill_chunk=16)
+  cfg = RolloutConfig(system_prompt="sys", max_turns=5, max_turn_tokens=4, seed=1)
+  runner = RolloutRunner(eng, ChatFormat(tok), cfg, eng.load_params())
+  t, = runner.run([("t", 0, CountingEnv(turns=2, budget_ends=True))])
+  assert t.turns == 2 and t.finish_reason == "turn_budget"
 
 
 def test_multi_step_decode_gives_the_same_sessions_bit_for_bit(setup):
