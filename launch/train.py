@@ -39,12 +39,16 @@ def main(argv):
     return
   distributed.initialize(cluster_flags.spec())
   # Imported after the job is joined: nothing may create a JAX backend before that.
-  from composer_rl.controller import agent_rl  # pylint: disable=g-import-not-at-top
+  from composer_rl.controller import agent_rl, pipeline  # pylint: disable=g-import-not-at-top
   from composer_rl.train import trainer  # pylint: disable=g-import-not-at-top
-  if config.get("kind") == "agent_rl":  # SFT + RL of an agent in the sandbox (controller)
-    agent_rl.run(config, _WORKDIR.value)
-  else:  # SFT / synthetic-RL experiments of the trainer alone
-    trainer.train(config, _WORKDIR.value)
+  # config.kind -> what runs it: SFT + RL of an agent in the sandbox (the controller), the
+  # pretraining -> SFT -> RL pipeline, or (no kind) an SFT / pretraining / synthetic-RL
+  # experiment of the trainer alone.
+  kinds = {"agent_rl": agent_rl.run, "pipeline": pipeline.run, "": trainer.train}
+  kind = config.get("kind", "")
+  if kind not in kinds:
+    raise app.UsageError(f"config.kind={kind!r}: choose one of {sorted(kinds)}")
+  kinds[kind](config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

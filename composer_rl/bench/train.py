@@ -65,8 +65,15 @@ _CHILD = flags.DEFINE_bool("child", False, "internal: run only in this process")
 
 def _measure(size: str, mode: str, devices: int, rows: int, seq_len: int, steps: int,
              reduce: str):
-  kb = SIZES[size].attention_key_block
-  mc = SIZES[size].replace(exact_numerics=(mode == "exact"), max_seq_len=seq_len,
+  return measure(SIZES[size], size, mode, devices, rows, seq_len, steps, reduce)
+
+
+def measure(model: ModelConfig, size: str, mode: str, devices: int, rows: int, seq_len: int,
+            steps: int, reduce: str = "tree"):
+  """One row of the benchmark: the full step of `model` (named `size` in the output) at
+  rows x seq_len tokens on `devices` devices; `mode` exact / inexact numerics."""
+  kb = model.attention_key_block
+  mc = model.replace(exact_numerics=(mode == "exact"), max_seq_len=seq_len,
                            attention_key_block=kb if kb and seq_len % kb == 0 else 0)
   mesh = shd.make_mesh({"data": devices}, jax.devices()[:devices])
   cfg = TrainConfig(optimizer=OptimizerConfig(warmup_steps=0, total_steps=100),

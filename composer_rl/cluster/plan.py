@@ -172,6 +172,8 @@ def plan(config, topology: Topology, mode: str = "off",
   if mode == "off" and topology.processes > 1:
     raise ValueError(f"the topology has {topology.processes} processes but --distributed=off;"
                      " use auto (Cloud TPU, Slurm), explicit or pathways")
+  if config.get("kind") == "pipeline":  # one controller runs every stage; the agent
+    config = config.agent               # stages (engines, sandboxes) set its placement
   agent = config.get("kind") == "agent_rl"
   body = _agent_plan(config, topology, mode) if agent else _trainer_plan(config, topology, mode)
   out: Dict[str, Any] = dict(

@@ -5,7 +5,7 @@ the model sampled it. The step scores *predictions*: column t of every [B, S-1] 
 belongs to predicting token t+1 (the layout of `composer_rl.train.scoring.Scores`), so the
 builders below shift the per-token mask / log-probs / versions left by one.
 """
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import flax.struct
 import jax
@@ -101,6 +101,45 @@ def build_batch(records: Sequence[Any], seq_len: int, num_rows: Optional[int] = 
   return TrainBatch(tokens=tokens, segment_ids=seg, positions=positions, loss_mask=mask,
                     behaviour_logprobs=blp, advantages=adv, rows_valid=valid, versions=ver,
                     sampling=sampling)
+
+
+def build_packed_batch(rows: Sequence[Dict[str, Any]], num_rows: Optional[int] = None
+                       ) -> TrainBatch:
+  """Packed pretraining rows (`composer_rl.data.packing`) -> a next-token `TrainBatch`.
+
+  Each row holds several documents: `tokens`, `segment_ids` (1, 2, ... per document, 0 on
+  padding), `positions` (restarting at 0 for each document) and optionally `loss_weights`
+  (0 on alignment padding inside a segment), all [S]. Attention never crosses a document
+  (the forward masks keys of other segments) and neither does the loss: predicting token
+  t+1 from token t counts only when both are in the same document and t+1 is a real
+  token, so the first token of a document is never predicted from the previous one's last.
+  """
+  n = len(rows)
+  b = n if num_rows is None else int(num_rows)
+  if b < n or not n:
+    raise ValueError(f"num_rows={b} must be >= {n} rows (and there must be at least one)")
+  s = len(rows[0]["tokens"])
+  tokens, seg, positions, weights = (np.zeros((b, s), np.int32) for _ in range(4))
+  for i, row in enumerate(rows):
+    row = dict(row)
+    row.setdefault("loss_weights", np.asarray(row["segment_ids"]) > 0)
+    for name, out in (("tokens", tokens), ("segment_ids", seg), ("positions", positions),
+                      ("loss_weights", weights)):
+      a = np.asarray(row[name], np.int32)
+      if a.shape != (s,):
+        raise ValueError(f"packed row {i}: {name} has shape {a.shape}, want ({s},)")
+      out[i] = a
+  mask = ((seg[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]) & (weights[:, 1:] > 0)
+          ).astype(np.float32)
+  valid = np.zeros((b,), np.float32)
+  valid[:n] = 1.0
+  return TrainBatch(tokens=tokens, segment_ids=seg, positions=positions, loss_mask=mask,
+                    behaviour_logprobs=np.zeros((b, s - 1), np.float32),
+                    advantages=np.zeros((b,), np.float32), rows_valid=valid,
+                    versions=np.full((b, s - 1), -1, np.int32),
+                    sampling=RowSampling(temperature=np.ones((b,), np.float32),
+                                         top_k=np.zeros((b,), np.int32),
+                                         top_p=np.ones((b,), np.float32)))
 
 
 def staleness(batch: TrainBatch, current_version: int) -> np.ndarray:

@@ -3,8 +3,9 @@
 An experiment's `get_config()` returns a ConfigDict with these sections (see
 `experiments/sft_tiny.py` for a complete, commented example):
 
-  mode        'sft' (supervised on trajectories) or 'rl_synthetic' (GRPO with the real
-              sampler on a verifiable toy reward).
+  mode        'sft' (supervised on trajectories), 'pretrain' (next-token training on a
+              packed code corpus) or 'rl_synthetic' (GRPO with the real sampler on a
+              verifiable toy reward).
   seed        parameter init, data shuffling and sampling seed.
   init_checkpoint  optional: a directory written by `launch/convert_checkpoint.py` (a
               Hugging Face Qwen3 / Qwen3-MoE checkpoint converted to Orbax). Training starts
@@ -21,6 +22,7 @@ An experiment's `get_config()` returns a ConfigDict with these sections (see
               micro_batch_size, grad_reduce, log_every.
   checkpoint  every_steps, max_to_keep, async_save.
   data        SFT: jsonl (path; '' = synthetic), synthetic_num.
+  corpus      pretrain: the code corpus and held-out evaluation (`composer_rl.train.pretrain`).
   rl          group_size, groups_per_step, num_prompts, prompt_len, max_new_tokens,
               temperature, target_token, advantage_estimator.
 """
@@ -33,7 +35,7 @@ from composer_rl.train import advantages, losses
 from composer_rl.train.optimizer import OptimizerConfig
 from composer_rl.train.train_step import TrainConfig
 
-MODES = ("sft", "rl_synthetic")
+MODES = ("sft", "rl_synthetic", "pretrain")
 
 
 class ConfigError(ValueError):
@@ -143,11 +145,39 @@ def build(config) -> Experiment:
                         f"{r.prompt_len + r.max_new_tokens} exceeds train.seq_len={t.seq_len}")
     if not 0 <= r.target_token < model.vocab_size:
       raise ConfigError(f"config.rl.target_token={r.target_token} outside the vocabulary")
-  if mode == "sft" and loss.policy_loss != "sft":
-    raise ConfigError(f"config.loss.policy_loss must be 'sft' in mode 'sft', got "
+  if mode in ("sft", "pretrain") and loss.policy_loss != "sft":
+    raise ConfigError(f"config.loss.policy_loss must be 'sft' in mode {mode!r}, got "
                       f"{loss.policy_loss!r}")
+  if mode == "pretrain":
+    _check_corpus(config, model, t.seq_len)
   return Experiment(mode=mode, seed=seed, model=model, mesh=mesh, rules=rules, train=train,
                     raw=config, init_checkpoint=init)
+
+
+def _check_corpus(config, model: ModelConfig, seq_len: int) -> None:
+  from composer_rl.train import pretrain  # pylint: disable=g-import-not-at-top
+  if "corpus" not in config:
+    raise ConfigError("config.corpus: missing (mode 'pretrain' reads a code corpus)")
+  section = dict(config.corpus)
+  known = set(pretrain.CORPUS_FIELDS) | set(pretrain.SHARD_SOURCES) | {
+      "dirs", "tokenizer", "eval_max_rows"}
+  for k in section:
+    if k not in known:
+      raise ConfigError(f"config.corpus.{k}: unknown field; known: {sorted(known)}")
+  tok = section.get("tokenizer", "byte")
+  if tok not in pretrain.TOKENIZERS:
+    raise ConfigError(f"config.corpus.tokenizer: {tok!r}; known: {sorted(pretrain.TOKENIZERS)}")
+  if int(section.get("eval_max_rows", 64)) <= 0:
+    raise ConfigError("config.corpus.eval_max_rows must be positive")
+  align = pretrain.alignment(model)
+  if seq_len % align:
+    raise ConfigError(f"config.train.seq_len={seq_len} must be a multiple of "
+                      f"model.attention_key_block={align} (packed documents start on key "
+                      "blocks, which keeps packing bitwise)")
+  try:
+    pretrain.corpus_settings(section, 0)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.corpus: {e}") from None
 
 
 def _model(config, init: str) -> ModelConfig:

@@ -54,6 +54,6 @@ def summary(mode: str, start: int, steps: int, history: List[Dict[str, Any]],
       if key in history[0]:
         out[f"{key}_first"] = float(sum(h[key] for h in history[:k]) / k)
         out[f"{key}_last"] = float(sum(h[key] for h in history[-k:]) / k)
-    if mode != "sft":  # SFT has no behaviour policy
+    if mode not in ("sft", "pretrain"):  # they have no behaviour policy to compare with
       out["ratio_not_one_frac_max"] = max(h["ratio_not_one_frac"] for h in history)
   return out

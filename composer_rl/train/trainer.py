@@ -1,4 +1,5 @@
-"""The training loop: `train(config, workdir)` for the SFT and synthetic-RL experiments.
+"""The training loop: `train(config, workdir)` for the SFT, continued-pretraining and
+synthetic-RL experiments.
 
 Resumption is exact: the checkpoint holds params, optimizer state, step, RNG and the data
 iterator's position, every source of randomness is a function of (seed, step or sequence
@@ -17,7 +18,9 @@ import numpy as np
 from composer_rl.model import sharding as shd
 from composer_rl.sampling.sampler import Sampler, SamplingConfig
 from composer_rl.train import config as config_lib
-from composer_rl.train import data, metrics as metrics_lib, rl_synthetic, sft
+from composer_rl.data import packing
+from composer_rl.train import data, metrics as metrics_lib, pretrain, rl_synthetic, sft
+from composer_rl.train.batch import build_packed_batch
 from composer_rl.train.checkpoint import Checkpointer
 from composer_rl.train.train_step import make_train_step
 
@@ -50,41 +53,87 @@ def _mesh(mesh_shape: Dict[str, int]):
 
 
 class _Source:
-  """Yields (TrainBatch, info) per step from the configured data; exposes iterator state."""
+  """Yields (TrainBatch, info) per step from the configured data; exposes iterator state.
 
-  def __init__(self, exp: config_lib.Experiment, step_fn, data_state):
-    c, self.exp = exp.raw, exp
-    self.rows = c.train.batch_size
+  Each mode's data is built by its entry in SOURCES: fn(source, exp, step_fn) -> (Grain
+  dataset of per-step items, fn(item, params, version) -> (TrainBatch, info))."""
+
+  def __init__(self, exp: config_lib.Experiment, step_fn, data_state, workdir: str):
+    self.exp, self.step_fn, self.workdir = exp, step_fn, workdir
+    self.rows = exp.raw.train.batch_size
     per = step_fn.num_shards * exp.train.micro_batch_size
     self.num_rows = -(-self.rows // per) * per
-    if exp.mode == "sft":
-      recs = (data.read_jsonl(c.data.jsonl) if c.data.jsonl else
-              sft.synthetic_records(c.data.synthetic_num, exp.seed))
-      ds = data.sft_batches(recs, self.rows, c.train.seq_len, exp.seed)
-    else:
-      if jax.process_count() > 1:
-        raise ValueError("mode='rl_synthetic' runs its sampler in one process; in a "
-                         f"{jax.process_count()}-process job use mode='sft', or agent RL with "
-                         "remote rollout workers (BUILD_NOTES: deployment modes)")
-      r = c.rl
-      prompts = rl_synthetic.make_prompts(r.num_prompts, r.prompt_len, exp.model.vocab_size,
-                                          exp.seed)
-      ds = data.task_groups(prompts, r.group_size, r.groups_per_step, exp.seed)
-      mesh = step_fn.mesh if step_fn.num_shards > 1 else None
-      self.sampler = Sampler(_fresh_model(exp), mesh=mesh)
-      self.sampling = SamplingConfig(temperature=r.temperature, max_new_tokens=r.max_new_tokens,
-                                     seed=exp.seed)
+    ds, self._make = SOURCES[exp.mode](self, exp, step_fn)
     self.it = data.iterator(ds, data_state)
 
   def next(self, params, version: int):
-    c = self.exp.raw
-    item = next(self.it)
-    if self.exp.mode == "sft":
-      return sft.sft_batch(item, c.train.seq_len, self.num_rows), {}
-    self.sampler.update_state(params)
-    return rl_synthetic.rollout_batch(self.sampler, item, self.sampling, c.rl.target_token,
-                                      c.rl.advantage_estimator, c.train.seq_len,
-                                      self.num_rows, version)
+    return self._make(next(self.it), params, version)
+
+
+def _sft_source(src: _Source, exp, step_fn):
+  del step_fn
+  c = exp.raw
+  recs = (data.read_jsonl(c.data.jsonl) if c.data.jsonl else
+          sft.synthetic_records(c.data.synthetic_num, exp.seed))
+  return (data.sft_batches(recs, src.rows, c.train.seq_len, exp.seed),
+          lambda item, params, version: (sft.sft_batch(item, c.train.seq_len, src.num_rows),
+                                         {}))
+
+
+def _rl_synthetic_source(src: _Source, exp, step_fn):
+  if jax.process_count() > 1:
+    raise ValueError("mode='rl_synthetic' runs its sampler in one process; in a "
+                     f"{jax.process_count()}-process job use mode='sft', or agent RL with "
+                     "remote rollout workers (BUILD_NOTES: deployment modes)")
+  c, r = exp.raw, exp.raw.rl
+  prompts = rl_synthetic.make_prompts(r.num_prompts, r.prompt_len, exp.model.vocab_size,
+                                      exp.seed)
+  sampler = Sampler(_fresh_model(exp), mesh=step_fn.mesh if step_fn.num_shards > 1 else None)
+  sampling = SamplingConfig(temperature=r.temperature, max_new_tokens=r.max_new_tokens,
+                            seed=exp.seed)
+
+  def make(item, params, version):
+    sampler.update_state(params)
+    return rl_synthetic.rollout_batch(sampler, item, sampling, r.target_token,
+                                      r.advantage_estimator, c.train.seq_len, src.num_rows,
+                                      version)
+  return data.task_groups(prompts, r.group_size, r.groups_per_step, exp.seed), make
+
+
+def _pretrain_source(src: _Source, exp, step_fn):
+  c = exp.raw
+  tok = pretrain.TOKENIZERS[c.corpus.get("tokenizer", "byte")](exp.init_checkpoint)
+  src.corpus = pretrain.load_corpus(c.corpus, exp.seed, src.workdir)
+  align = pretrain.alignment(exp.model)
+  src.heldout = pretrain.heldout_rows(src.corpus, tok, c.train.seq_len,
+                                      c.corpus.get("eval_max_rows", 64), align)
+  src.nll_fn = pretrain.make_nll_fn(step_fn)
+  rows = pretrain.train_rows(src.corpus, tok, c.train.seq_len, exp.seed, align)
+  ds = rows.batch(src.rows, drop_remainder=True, batch_fn=list)
+  return ds, lambda item, params, version: (
+      build_packed_batch(item, src.num_rows),
+      dict(padding_fraction=packing.padding_fraction(item)))
+
+
+# config.mode -> its data source
+SOURCES = {"sft": _sft_source, "rl_synthetic": _rl_synthetic_source,
+           "pretrain": _pretrain_source}
+
+
+def _heldout_eval(source: _Source, step_fn, params, workdir: str, tag: str) -> Dict:
+  """Held-out perplexity (pretrain mode) at this point; `before` is kept in the workdir so
+  a resumed run reports the perplexity its first run started from."""
+  path = os.path.join(workdir, f"heldout_{tag}.json")
+  if tag == "before" and os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  out = pretrain.heldout_perplexity(source.nll_fn, step_fn, params, source.heldout,
+                                    source.num_rows)
+  if jax.process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(out, f)
+    os.replace(path + ".tmp", path)
+  return out
 
 
 def _fresh_model(exp):
@@ -116,7 +165,9 @@ def train(config, workdir: str) -> Dict[str, Any]:
     print(f"composer_rl: starting from {exp.init_checkpoint}", flush=True)
   else:
     state, start = step_fn.init_state(exp.seed), 0
-  source = _Source(exp, step_fn, restored.data_state if restored else None)
+  source = _Source(exp, step_fn, restored.data_state if restored else None, workdir)
+  before = (_heldout_eval(source, step_fn, state.params, workdir, "before")
+            if exp.mode == "pretrain" else None)
   # Several processes: every one runs the step and writes its checkpoint shards; process 0
   # alone writes the metrics log and the console.
   chief = jax.process_index() == 0
@@ -145,7 +196,27 @@ def train(config, workdir: str) -> Dict[str, Any]:
     hf_qwen3.save_trained(os.path.join(workdir, "final_params"), exp.model, state.params,
                           exp.init_checkpoint)
   summary = metrics_lib.summary(exp.mode, start, c.train.steps, history, time.time() - t0)
+  if before is not None:
+    after = _heldout_eval(source, step_fn, state.params, workdir, "after")
+    summary.update(heldout_perplexity_before=before["perplexity"],
+                   heldout_perplexity_after=after["perplexity"],
+                   heldout_tokens=after["tokens"], heldout_repos=after["repos"],
+                   corpus=source.corpus.stats)
   if chief:
     print(json.dumps(summary), flush=True)
   sys.stdout.flush()
   return summary
+
+
+def final_params(config, workdir: str):
+  """The parameters of the newest good checkpoint of the run in `workdir` (as placed on
+  the experiment's train mesh): what a later stage starts from."""
+  exp = config_lib.build(config)
+  step_fn = make_train_step(exp.model, exp.train, _mesh(exp.mesh),
+                            exp.rules or shd.DEFAULT_RULES)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  restored = ckpt.restore(step_fn.abstract_state())
+  ckpt.close()
+  if restored is None:
+    raise FileNotFoundError(f"no usable checkpoint in {workdir}/checkpoints")
+  return restored.state.params

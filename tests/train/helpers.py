@@ -1,4 +1,8 @@
 """Shared fixtures for trainer tests: tiny configs and on-policy batches from the Sampler."""
+import importlib
+import os
+import sys
+
 import numpy as np
 from flax import nnx
 
@@ -38,3 +42,11 @@ def on_policy_batch(model_config, params, num, seq_len, advantages=None, seed=0,
   return build_batch(records, seq_len, advantages=advantages,
                      temperature=sampling.temperature, top_k=sampling.top_k,
                      top_p=sampling.top_p)
+
+
+def load_experiment(name: str, variant: str = ""):
+  """`experiments/<name>.py`'s get_config(variant) (experiments/ is not a package)."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  sys.path.insert(0, os.path.join(root, "experiments"))
+  module = importlib.import_module(name)
+  return module.get_config(variant) if variant else module.get_config()

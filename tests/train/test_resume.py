@@ -1,6 +1,7 @@
 """Kill-and-resume: SIGKILL in the middle of a step, resume, continue to N steps; the
 final state equals an uninterrupted N-step run bit for bit (checkpoint digests cover
-params, optimizer state, step and RNG)."""
+params, optimizer state, step and RNG), for synthetic RL and for continued pretraining
+(whose checkpoint also holds the Grain packing iterator's position)."""
 import json
 import os
 import signal
@@ -8,29 +9,35 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from composer_rl.train import trainer
+from tests.train import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OVERRIDES = dict(steps=6, every=2)
+# experiment -> (config variant, command-line overrides); 6 steps, checkpoints every 2.
+EXPERIMENTS = {
+    "rl_synthetic_tiny": ("", {"train.steps": 6, "checkpoint.every_steps": 2,
+                               "model.num_layers": 1}),
+    # packed code rows: the Grain packing iterator's position is part of the checkpoint
+    "cpt_code": ("tiny", {}),
+}
 
 
-def _config():
-  sys.path.insert(0, os.path.join(ROOT, "experiments"))
-  import rl_synthetic_tiny  # pylint: disable=import-outside-toplevel
-  c = rl_synthetic_tiny.get_config()
-  c.train.steps = OVERRIDES["steps"]
-  c.checkpoint.every_steps = OVERRIDES["every"]
-  c.model.num_layers = 1
+def _config(name):
+  variant, overrides = EXPERIMENTS[name]
+  c = helpers.load_experiment(name, variant)
+  for path, value in overrides.items():
+    section, field = path.split(".")
+    c[section][field] = value
   return c
 
 
-def _cmd(workdir):
-  return [sys.executable, os.path.join(ROOT, "launch", "train.py"),
-          "--config=" + os.path.join(ROOT, "experiments", "rl_synthetic_tiny.py"),
-          f"--workdir={workdir}", f"--config.train.steps={OVERRIDES['steps']}",
-          f"--config.checkpoint.every_steps={OVERRIDES['every']}",
-          "--config.model.num_layers=1"]
+def _cmd(name, workdir):
+  variant, overrides = EXPERIMENTS[name]
+  config = os.path.join(ROOT, "experiments", f"{name}.py") + (f":{variant}" if variant else "")
+  return [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--config={config}",
+          f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in overrides.items())]
 
 
 def _meta(workdir, step):
@@ -40,17 +47,18 @@ def _meta(workdir, step):
 
 def _losses(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [(r["step"], r["loss"], r["reward_mean"], r["grad_norm"])
+    return [(r["step"], r["loss"], r.get("reward_mean"), r["grad_norm"])
             for r in map(json.loads, f)]
 
 
-def test_sigkill_mid_step_then_resume_is_bitwise(tmp_path):
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_sigkill_mid_step_then_resume_is_bitwise(tmp_path, name):
   ref = str(tmp_path / "ref")
-  trainer.train(_config(), ref)  # uninterrupted, in-process
+  trainer.train(_config(name), ref)  # uninterrupted, in-process
 
   run = str(tmp_path / "run")
   env = dict(os.environ, **{trainer.STALL_ENV: "3"})  # stall inside the 4th update
-  proc = subprocess.Popen(_cmd(run), env=env, cwd=ROOT, stdout=subprocess.PIPE,
+  proc = subprocess.Popen(_cmd(name, run), env=env, cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT)
   marker = os.path.join(run, "STALLED")
   deadline = time.time() + 240
@@ -64,7 +72,7 @@ def test_sigkill_mid_step_then_resume_is_bitwise(tmp_path):
   steps = sorted(int(d) for d in os.listdir(os.path.join(run, "checkpoints")) if d.isdigit())
   assert steps and max(steps) == 2  # step 3 was done but lost; step 4 was in flight
 
-  out = subprocess.run(_cmd(run), cwd=ROOT, capture_output=True, text=True, timeout=300)
+  out = subprocess.run(_cmd(name, run), cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "resumed from step 2" in out.stdout
   assert json.loads(out.stdout.strip().splitlines()[-1])["resumed_from"] == 2

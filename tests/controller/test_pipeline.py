@@ -1,0 +1,60 @@
+"""The pretraining -> SFT -> RL pipeline (experiments/tiny_pipeline.py) at smoke size:
+stage 1 reports held-out perplexity, stage 2 starts from stage 1's weights, a re-run reads
+finished stages back, and mismatched architectures or corpus settings fail naming the field."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from composer_rl.controller import agent_rl, pipeline
+from composer_rl.train import config as config_lib
+from composer_rl.train import trainer
+from tests.train import helpers
+
+
+def _bits(tree):
+  return [np.asarray(x).view(np.uint32) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def test_pipeline_smoke_chains_the_stages(tmp_path, monkeypatch):
+  c = helpers.load_experiment("tiny_pipeline", "smoke")
+  c.compare_without_pretraining = False
+  seen = {}
+  real_sft = agent_rl.sft_stage
+
+  def spy(s, init_params=None):
+    seen["init"] = init_params
+    return real_sft(s, init_params)
+  monkeypatch.setattr(agent_rl, "sft_stage", spy)
+  out = pipeline.run(c, str(tmp_path))
+  assert out["heldout_perplexity_after_cpt"] < out["heldout_perplexity_before_cpt"]
+  assert 0.0 <= out["heldout_solve_rate_rl"] <= 1.0 and out["cpt_steps"] == c.pretrain.train.steps
+  # Stage 2's SFT started from stage 1's final weights, bit for bit.
+  cpt = trainer.final_params(c.pretrain, str(tmp_path / "stage1_cpt"))
+  for a, b in zip(_bits(seen["init"]), _bits(cpt)):
+    np.testing.assert_array_equal(a, b)
+  # A re-run reads the finished stages back instead of training again.
+  seen.clear()
+  assert pipeline.run(c, str(tmp_path)) == out and not seen
+  with open(tmp_path / "summary.json") as f:
+    assert json.load(f) == out
+
+
+def test_mismatched_architectures_and_corpus_settings_name_the_field(tmp_path):
+  c = helpers.load_experiment("tiny_pipeline", "smoke")
+  c.pretrain.model.d_ff = 2 * c.agent.model.d_ff
+  with pytest.raises(config_lib.ConfigError, match="pretrain.model.d_ff"):
+    pipeline.run(c, str(tmp_path))
+  for overrides, match in (({"corpus.langs": ("python",)}, "corpus.langs: unknown field"),
+                           ({"corpus.tokenizer": "sentencepiece"}, "corpus.tokenizer"),
+                           ({"model.max_seq_len": 128, "model.attention_key_block": 32,
+                             "train.seq_len": 48}, "multiple of"),
+                           ({"loss.policy_loss": "ppo_clip"}, "policy_loss")):
+    cpt = helpers.load_experiment("cpt_code", "tiny")
+    for path, value in overrides.items():
+      section, name = path.split(".")
+      cpt[section][name] = value
+    with pytest.raises(config_lib.ConfigError, match=match):
+      config_lib.build(cpt)
