@@ -36,6 +36,7 @@ from composer_rl.env.tasks import generated
 from composer_rl.env.tool_call_format import ToolCallError, parse_tool_call
 from composer_rl.model import ModelConfig, Transformer, inference_copy, sharding
 from composer_rl.rollout.chat import ChatFormat
+from composer_rl.rollout.compaction import expand_segments
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.rollout.scripted import scripted_trajectory
 from composer_rl.rollout.session import Trajectory
@@ -227,8 +228,14 @@ def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict, version: 
     # also stops AdamW's momentum from moving the weights on zero gradients.
     stats["skipped_no_signal"] = 1
     return state, out
-  batch = build_batch(trajs, s.model_config.max_seq_len,
-                      num_rows=s.rows(c.groups_per_step * c.group_size), advantages=adv,
+  # One row per context: a compacted session (rollout.compaction) trains each of its
+  # contexts as its own sequence, all with the session's advantage. Without compaction
+  # this is one row per session, as before. Rows are padded to a multiple of the usual
+  # count, so the step's shape (and its compiled program) changes only when needed.
+  records, row_adv = expand_segments(trajs, adv)
+  base = c.groups_per_step * c.group_size
+  batch = build_batch(records, s.model_config.max_seq_len,
+                      num_rows=s.rows(-(-len(records) // base) * base), advantages=row_adv,
                       temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
   state, m = step.step(state, step.shard_batch(batch))
   out.update({k: float(v) for k, v in jax.device_get(m).items()})

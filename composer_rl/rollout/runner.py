@@ -12,6 +12,13 @@ factory) at any time; the runner applies it between decode steps. Tokens carry t
 that sampled them. So that every recorded log-prob is exactly reproducible by the trainer
 under that version, a session's KV cache is never mixed across versions: sessions in slots
 are re-prefilled under the new weights and saved caches of waiting sessions are dropped.
+
+Context compaction (`RolloutConfig.compaction`, off by default; see
+`composer_rl.rollout.compaction`): at a turn boundary where the context nears the model's
+window, the observation is followed by an instruction (a user message) and the model
+samples one summary turn, recorded like any turn. The session's cache is then dropped and
+a new context (system, task, summary) is prefilled once from an empty cache, so the engine
+always holds `traj.tokens[context_start:]` at cache positions from 0.
 """
 import concurrent.futures as cf
 import dataclasses
@@ -22,6 +29,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
+from composer_rl.rollout import compaction as compaction_lib
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.session import LiveSession, Trajectory
 from composer_rl.sampling.engine import Engine, Request
@@ -49,6 +57,8 @@ class RolloutConfig:
   decode_steps: engine decode steps per call (`Engine.generate_many`): one dispatch and one
     host sync per block instead of per token; a slot whose turn ends inside a block waits
     for the block's end. 1 = one step per call.
+  compaction: context compaction (`composer_rl.rollout.compaction.CompactionConfig`);
+    disabled by default, which leaves every session exactly as without the field.
   """
   system_prompt: str = ""
   max_turns: int = 4
@@ -59,6 +69,7 @@ class RolloutConfig:
   seed: int = 0
   tool_workers: int = 4
   decode_steps: int = 1
+  compaction: compaction_lib.CompactionConfig = compaction_lib.CompactionConfig()
 
 
 def _work_tree_diff(env) -> Optional[str]:
@@ -111,7 +122,9 @@ class RolloutRunner:
   # ---- session steps -------------------------------------------------------------------
   def _request(self, s: LiveSession) -> Request:
     c = self.cfg
-    return Request(seq_id=s.traj.session_id, seed=c.seed, temperature=c.temperature,
+    # Each restarted context samples with its own seed (positions restart at 0).
+    seed = compaction_lib.segment_seed(c.seed, len(s.traj.segments))
+    return Request(seq_id=s.traj.session_id, seed=seed, temperature=c.temperature,
                    top_k=c.top_k, top_p=c.top_p)
 
   def _admit(self, s: LiveSession, slot: int, state):
@@ -119,7 +132,8 @@ class RolloutRunner:
     if s.saved is not None and s.saved_version != self.version:
       s.saved = None  # never extend a cache computed under other weights
     cached = int(s.saved.length) if s.saved is not None else 0
-    new = s.traj.tokens[cached:]
+    # The cache holds the current context only (positions from 0 at `context_start`).
+    new = s.traj.tokens[s.context_start + cached:]
     t0 = time.perf_counter()
     prefix = self.engine.prefill(params=self.params, padded_tokens=new, request=self._request(s),
                                  existing_prefix=s.saved)
@@ -137,11 +151,20 @@ class RolloutRunner:
     s.turn_tokens += 1
     self.stats["generated_tokens"] += 1
 
+  def _turn_budget(self, s: LiveSession) -> int:
+    """Tokens the current turn may sample: the summary turn has its own budget."""
+    return self.cfg.compaction.summary_max_tokens if s.summarizing else self.cfg.max_turn_tokens
+
+  @staticmethod
+  def _context_len(s: LiveSession) -> int:
+    """Tokens in the session's current context (what the engine's cache holds)."""
+    return len(s.traj.tokens) - s.context_start
+
   def _turn_over(self, s: LiveSession) -> bool:
     last = s.traj.tokens[-1]
     limit = self.engine.config.max_seq_len - 1
-    return (last == self.chat.end_of_turn or s.turn_tokens >= self.cfg.max_turn_tokens
-            or len(s.traj.tokens) >= limit)
+    return (last == self.chat.end_of_turn or s.turn_tokens >= self._turn_budget(s)
+            or self._context_len(s) >= limit)
 
   def _end_turn_text(self, s: LiveSession) -> str:
     turn = s.traj.tokens[s.turn_start:]
@@ -238,7 +261,7 @@ class RolloutRunner:
             if s.saved is None:
               slots[i] = s
             else:  # its first sampled token already ended the turn
-              self._finish_turn(s, pool, tools)
+              self._finish_turn(s, pool, tools, ready, grading)
         if any(s is not None for s in slots):
           t0 = time.perf_counter()
           state, toks, lps, live = self._decode(state, slots)
@@ -250,10 +273,11 @@ class RolloutRunner:
               if live[j, i]:
                 self._record(s, int(toks[j, i]), float(lps[j, i]))
             if self._turn_over(s):
-              s.saved = eng.release(state, i)
+              # A summary turn ends its context: its cache is never used again.
+              s.saved = None if s.summarizing else eng.release(state, i)
               state = eng.free(state, i)
               slots[i] = None
-              self._finish_turn(s, pool, tools)
+              self._finish_turn(s, pool, tools, ready, grading)
         elif tools or grading:
           cf.wait(list(tools) + list(grading), timeout=1.0, return_when=cf.FIRST_COMPLETED)
         elif not ready:
@@ -274,7 +298,12 @@ class RolloutRunner:
             grading[pool.submit(self._grade, s, "submitted" if submitted else "turn_budget")] = s
             continue
           obs_tokens = self.chat.observation(obs)
-          if len(s.traj.tokens) + len(obs_tokens) + 2 >= eng.config.max_seq_len:
+          if self._compacts(s, obs_tokens):
+            # The model sees the observation, then is asked for a summary (its next turn).
+            obs_tokens = compaction_lib.instruction_tokens(self.chat, obs,
+                                                           self.cfg.compaction.instruction)
+            s.summarizing = True
+          if self._context_len(s) + len(obs_tokens) + 2 >= eng.config.max_seq_len:
             grading[pool.submit(self._grade, s, "context_full")] = s
             continue
           s.extend_context(obs_tokens)
@@ -296,17 +325,63 @@ class RolloutRunner:
       self.stats["decode_steps"] += 1
       return state, np.asarray(step.tokens)[None], np.asarray(step.logprobs)[None], live
     limit = eng.config.max_seq_len - 1  # a slot stops exactly where _turn_over would say so
-    budgets = [0 if s is None else min(self.cfg.max_turn_tokens - s.turn_tokens,
-                                       limit - len(s.traj.tokens)) for s in slots]
+    budgets = [0 if s is None else min(self._turn_budget(s) - s.turn_tokens,
+                                       limit - self._context_len(s)) for s in slots]
     state, out = eng.generate_many(self.params, state, budgets, self.chat.end_of_turn, k)
     self.stats["decode_steps"] += k
     return state, np.asarray(out.tokens), np.asarray(out.logprobs), np.asarray(out.active)
 
-  def _finish_turn(self, s: LiveSession, pool, tools) -> None:
+  def _finish_turn(self, s: LiveSession, pool, tools, ready, grading) -> None:
+    if s.summarizing:  # no tool call: the summary restarts the context
+      if not self._restart_context(s, ready):
+        grading[pool.submit(self._grade, s, "context_full")] = s
+      return
     s.traj.turns += 1
     text = self._end_turn_text(s)
     s.traj.turn_texts.append(text)
     tools[pool.submit(self._tool, s, text)] = s
+
+  # ---- context compaction --------------------------------------------------------------
+  def _compacts(self, s: LiveSession, obs_tokens: List[int]) -> bool:
+    """Whether this turn boundary compacts: the trigger fires and the observation, the
+    instruction and at least a one-token summary still fit in the current context."""
+    c = self.cfg.compaction
+    if not c.enabled:
+      return False
+    n = self._context_len(s) + len(obs_tokens)
+    if not compaction_lib.should_compact(c, n, s.traj.turns - s.context_turn0,
+                                         len(s.traj.segments), self.engine.config.max_seq_len):
+      return False
+    extra = len(compaction_lib.instruction_tokens(self.chat, "", c.instruction)) - len(
+        self.chat.observation(""))
+    return self._context_len(s) + len(obs_tokens) + extra + 2 < self.engine.config.max_seq_len
+
+  def _restart_context(self, s: LiveSession, ready: List[LiveSession]) -> bool:
+    """Ends the summary turn and starts the next context from (system, task, summary);
+    False (nothing restarted) when that context would not leave room for a model turn.
+
+    The old context's cache is dropped (`saved = None`): the new context is prefilled once,
+    from an empty cache at position 0, exactly the sequence the trainer scores alone."""
+    t = s.traj
+    turn = t.tokens[s.turn_start:]
+    if turn and turn[-1] == self.chat.end_of_turn:
+      turn = turn[:-1]
+    sampled = sum(t.loss_mask[s.turn_start:])
+    text = self._end_turn_text(s)  # closes a cut summary with an unsampled end-of-turn
+    s.saved, s.summarizing = None, False
+    # The summary's tokens were sampled (and are trained) even if no context follows.
+    t.metrics["summary_tokens"] = t.metrics.get("summary_tokens", 0.0) + float(sampled)
+    new = compaction_lib.restart_tokens(self.chat, self.cfg.system_prompt, t.prompt or "",
+                                        compaction_lib.summary_ids(self.chat, turn))
+    if len(new) + 2 >= self.engine.config.max_seq_len:  # same rule as an observation's
+      return False
+    t.metrics["compactions"] = t.metrics.get("compactions", 0.0) + 1.0
+    t.segments.append(dict(turn=t.turns, token=len(t.tokens), summary=text))
+    s.context_start, s.context_turn0 = len(t.tokens), t.turns
+    s.extend_context(new)
+    s.turn_tokens, s.turn_start = 0, len(t.tokens)
+    ready.append(s)
+    return True
 
   def run(self, jobs: List[Job], max_in_flight: Optional[int] = None) -> List[Trajectory]:
     """Runs all `jobs`; returns their trajectories in job order."""

@@ -30,9 +30,12 @@ class Trajectory:
   task_info: what the environment knows of its task ({"id", "family", "split"}).
   final_diff: unified diff of the session's work tree against the task's original files
     (None when the environment cannot produce one).
-  segments: compaction boundaries, for a runner that compacts long sessions (none does
-    yet): [{"turn": first turn after the boundary, "token": index in `tokens`,
-    "summary": the text that replaced the turns before it}]. Empty = one segment.
+  segments: context compaction boundaries (`composer_rl.rollout.compaction`, when the
+    runner's `RolloutConfig.compaction` is enabled): [{"turn": first turn after the
+    boundary, "token": index in `tokens` where the restarted context begins, "summary":
+    the text that replaced the turns before it}]. `tokens`/`loss_mask`/`logprobs`/
+    `versions` are then the concatenation of the contexts; each context is trained as its
+    own sequence (`compaction.segment_records`). Empty = one context.
   """
   task_id: str
   group_id: int
@@ -85,6 +88,11 @@ class LiveSession:
   saved_version: int = -1          # policy version that computed `saved`
   turn_tokens: int = 0             # tokens sampled in the current turn
   turn_start: int = 0              # index in traj.tokens where the current turn began
+  # Context compaction (composer_rl.rollout.compaction): the engine only ever sees the
+  # current context, traj.tokens[context_start:], at cache positions from 0.
+  context_start: int = 0           # index in traj.tokens where the current context began
+  context_turn0: int = 0           # traj.turns when the current context began
+  summarizing: bool = False        # the current model turn is the summary turn
 
   def append(self, token: int, sampled: bool, logprob: float = 0.0, version: int = -1):
     t = self.traj

@@ -59,7 +59,7 @@ class _Source:
   dataset of per-step items, fn(item, params, version) -> (TrainBatch, info))."""
 
   def __init__(self, exp: config_lib.Experiment, step_fn, data_state, workdir: str):
-    self.exp, self.step_fn, self.workdir = exp, step_fn, workdir
+    self.exp, self.workdir = exp, workdir
     self.rows = exp.raw.train.batch_size
     per = step_fn.num_shards * exp.train.micro_batch_size
     self.num_rows = -(-self.rows // per) * per

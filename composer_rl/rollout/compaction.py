@@ -1,0 +1,172 @@
+"""Context compaction inside the RL loop (issue #7): summarize, restart the context, go on.
+
+When a session's context nears the model's window, the runner asks the agent (one user
+message, `CompactionConfig.instruction`) to summarize its work. The summary is an ordinary
+model turn: sampled under the session's sampling config, every token recorded with its
+log-prob and policy version, and trained like any other generated token with the
+session's final reward. The context then restarts from an empty KV cache as
+
+  <BOS><SYS>system<EOT><USER>task<EOT><USER>summary<EOT><ASSISTANT>
+
+and the session continues. A `Trajectory` keeps the concatenation of its contexts;
+`Trajectory.segments[k]["token"]` is where context k+1 starts in `tokens`. Each context
+is its own training sequence (`segment_records`): the trainer scores it alone, from
+position 0, exactly as the engine sampled it, so behaviour and trainer log-probs agree
+bit for bit.
+
+This module holds the config and the pure pieces (when to compact, the token layouts,
+splitting a trajectory into per-context records); `composer_rl.rollout.runner` drives it.
+"""
+import dataclasses
+import hashlib
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactionConfig:
+  """When and how a session compacts its context.
+
+  enabled: off by default; a disabled config changes nothing in the runner.
+  trigger_fraction: compact at the next turn boundary (a tool observation came back, the
+    next model turn has not started) once the current context, observation included,
+    holds >= this fraction of the model's `max_seq_len`. The rest of the window must hold
+    the instruction and the summary, so keep it well below 1 (e.g. 0.75).
+  max_turns_per_context: also compact once this many model turns ran in the current
+    context (0 = no turn trigger).
+  max_compactions: cap per session. Once reached, a context that fills up ends the session
+    as without compaction (finish_reason 'context_full').
+  summary_max_tokens: tokens the summary turn may sample; a longer summary is cut and
+    closed with an unsampled end-of-turn, as any turn cut by its budget.
+  instruction: the user message that asks for the summary. Keep it short: on the tiny
+    byte-level models every byte is a token of the context.
+  """
+  enabled: bool = False
+  trigger_fraction: float = 0.75
+  max_turns_per_context: int = 0
+  max_compactions: int = 2
+  summary_max_tokens: int = 64
+  instruction: str = "Summarize your work so far."
+
+  def __post_init__(self):
+    if not 0.0 < self.trigger_fraction <= 1.0:
+      raise ValueError(f"trigger_fraction must be in (0, 1], got {self.trigger_fraction}")
+    if self.max_turns_per_context < 0 or self.max_compactions < 0:
+      raise ValueError("max_turns_per_context and max_compactions must be >= 0")
+    if self.summary_max_tokens < 1:
+      raise ValueError(f"summary_max_tokens must be >= 1, got {self.summary_max_tokens}")
+
+
+def should_compact(cfg: CompactionConfig, context_tokens: int, turns_in_context: int,
+                   compactions: int, max_seq_len: int) -> bool:
+  """Whether a session compacts at this turn boundary.
+
+  Args:
+    cfg: the compaction config.
+    context_tokens: tokens the current context would hold at the next model turn (the
+      tool observation and the next turn's header included).
+    turns_in_context: model turns finished since the context (re)started.
+    compactions: compactions this session already did.
+    max_seq_len: the model's window (the engine's KV cache length).
+  """
+  if not cfg.enabled or compactions >= cfg.max_compactions:
+    return False
+  if context_tokens >= cfg.trigger_fraction * max_seq_len:
+    return True
+  return 0 < cfg.max_turns_per_context <= turns_in_context
+
+
+def segment_seed(seed: int, segment: int) -> int:
+  """The sampling seed of a session's context `segment` (0 = before any compaction).
+
+  A token's RNG key is (seed, session id, position) and positions restart at 0 in a new
+  context, so reusing the seed would replay the first context's random draws; each later
+  context gets its own seed instead. Segment 0 keeps `seed`, so sessions that never
+  compact sample exactly as without compaction. (Log-probs do not depend on the key: the
+  trainer never needs it.)
+  """
+  if segment == 0:
+    return int(seed)
+  h = hashlib.sha256(f"composer_rl-context:{int(seed)}:{int(segment)}".encode()).digest()
+  return int.from_bytes(h[:4], "big")
+
+
+def _specials(chat) -> Tuple[int, int, int]:
+  """(USER, EOT, ASSISTANT) of a `ChatFormat`-style layout (role specials on the
+  tokenizer). Other layouts (e.g. Qwen3's) are not supported yet."""
+  tok = chat.tok
+  if not all(hasattr(tok, a) for a in ("USER", "EOT", "ASSISTANT")):
+    raise NotImplementedError(
+        f"context compaction needs a ChatFormat-style layout with USER/EOT/ASSISTANT "
+        f"specials; {type(chat).__name__} is not supported yet")
+  return tok.USER, tok.EOT, tok.ASSISTANT
+
+
+def instruction_tokens(chat, observation: str, instruction: str) -> List[int]:
+  """What follows the assistant's end-of-turn at a compacting boundary: the tool's
+  observation, then the instruction as a user message, then the assistant header:
+
+    <TOOL>observation<EOT><USER>instruction<EOT><ASSISTANT>
+  """
+  user, eot, assistant = _specials(chat)
+  obs = chat.observation(observation)
+  if not obs or obs[-1] != assistant:
+    raise ValueError("the chat format's observation must end with the assistant header")
+  return obs[:-1] + [user] + chat.tok.encode(instruction) + [eot, assistant]
+
+
+def summary_ids(chat, turn_tokens: Sequence[int]) -> List[int]:
+  """The summary turn's tokens as they are carried into the new context: the turn without
+  its end-of-turn and without special tokens (a stray sampled role token must not open a
+  message inside the summary). Token ids are carried, not re-encoded text, so a byte the
+  model sampled stays that byte (history is appended, never re-rendered)."""
+  tok = chat.tok
+  is_special = getattr(tok, "is_special", lambda i: False)
+  return [int(t) for t in turn_tokens if not is_special(int(t))]
+
+
+def restart_tokens(chat, system: str, task: str, summary: Sequence[int]) -> List[int]:
+  """The token ids a restarted context starts from (and is prefilled with, once):
+
+    <BOS><SYS>system<EOT><USER>task<EOT><USER>summary<EOT><ASSISTANT>
+
+  `summary` is token ids (`summary_ids`). Built from `chat.start`, so the system prompt
+  and task render exactly as at the session's start.
+  """
+  user, eot, assistant = _specials(chat)
+  head = chat.start(system, task)
+  if not head or head[-1] != assistant:
+    raise ValueError("the chat format's start must end with the assistant header")
+  return head[:-1] + [user] + [int(t) for t in summary] + [eot, assistant]
+
+
+def segment_bounds(traj) -> List[Tuple[int, int]]:
+  """[(start, end)) token ranges of a trajectory's contexts, in order."""
+  starts = [0] + [int(seg["token"]) for seg in (getattr(traj, "segments", None) or [])]
+  ends = starts[1:] + [len(traj.tokens)]
+  return list(zip(starts, ends))
+
+
+def segment_records(traj) -> List[Dict[str, Any]]:
+  """One training record per context of `traj` (see `composer_rl.train.batch.build_batch`):
+  tokens, loss_mask, logprobs and versions of that context alone. A trajectory without
+  compaction gives one record equal to the whole trajectory (the same row as before)."""
+  out = []
+  for a, b in segment_bounds(traj):
+    out.append(dict(tokens=list(traj.tokens[a:b]), loss_mask=list(traj.loss_mask[a:b]),
+                    logprobs=list(traj.logprobs[a:b]), versions=list(traj.versions[a:b])))
+  return out
+
+
+def expand_segments(trajs: Sequence[Any], advantages: Sequence[float]
+                    ) -> Tuple[List[Dict[str, Any]], np.ndarray]:
+  """Per-context training rows of `trajs` and their advantages: each session's advantage
+  (computed per session, within its group) is repeated for every one of its contexts, so
+  the summary and everything before and after it share the session's final reward."""
+  records, adv = [], []
+  for t, a in zip(trajs, advantages):
+    rs = segment_records(t)
+    records.extend(rs)
+    adv.extend([a] * len(rs))
+  return records, np.asarray(adv, np.float32)
