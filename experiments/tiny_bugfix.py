@@ -30,7 +30,9 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
       # Every byte is a token for this model, so the instructions are terse ({tools} would
       # insert the 200-byte tool description).
       system_prompt="Fix the bug, then submit."))
-  c.tasks = ml_collections.ConfigDict(dict(seed=0))  # generator seed (splits are disjoint)
+  c.tasks = ml_collections.ConfigDict(dict(
+      seed=0,                 # generator seed (splits are disjoint)
+      family="generated"))    # composer_rl.env.tasks.TASK_SOURCES name
   c.sft = ml_collections.ConfigDict(dict(
       # The demonstrator (composer_rl.env.policies registry): an imperfect expert that fixes
       # the bug on `fix_prob` of the tasks and gives up on the rest, as a weaker model's

@@ -10,6 +10,14 @@
      the recorded behaviour log-probs, publishes weights after every step). `mode='sync'`
      runs them one after the other instead, for comparison.
   4. Held-out solve rate again, and a JSON summary as the last stdout line.
+
+Long sessions (issue #7): `config.rl.compaction` (a section of
+`composer_rl.rollout.compaction.CompactionConfig` fields; absent = disabled) sets what the
+RL rollouts do when a context fills up ('compaction', 'truncation' or 'none');
+`config.eval.context_mode` ('' = as in RL) lets evaluation use another mode, and
+`config.eval.full_window_max_seq_len` adds a reference evaluation with a larger window
+(`max_seq_len` is a compute field: the parameters do not change). `config.tasks.family`
+picks the task source (`composer_rl.env.tasks.TASK_SOURCES`; default 'generated').
 """
 import dataclasses
 import hashlib
@@ -32,10 +40,11 @@ from composer_rl.controller.rollout_factory import Group, Ledger, RolloutFactory
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.harness import EnvConfig, make_env
 from composer_rl.env.policies import make_policy
-from composer_rl.env.tasks import generated
+from composer_rl.env.tasks import TASK_SOURCES
 from composer_rl.env.tool_call_format import ToolCallError, parse_tool_call
 from composer_rl.model import ModelConfig, Transformer, inference_copy, sharding
 from composer_rl.rollout.chat import ChatFormat
+from composer_rl.rollout import compaction as compaction_lib
 from composer_rl.rollout.compaction import expand_segments
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.rollout.scripted import scripted_trajectory
@@ -72,6 +81,8 @@ class Setup:
                              config.mesh.inference_meshes)
       self.mesh, inference_meshes = plan.train_mesh, plan.inference_meshes
       self.shards = sharding.num_batch_shards(self.mesh)
+    self.inference_meshes = inference_meshes
+    self._eval_engines: Dict[int, Engine] = {}  # max_seq_len -> a wider-window engine
     self.env_config = EnvConfig(compact_prompt=True, max_turns=config.env.max_turns,
                                 grade_timeout_s=config.env.grade_timeout_s,
                                 system_prompt=config.env.system_prompt)
@@ -85,25 +96,54 @@ class Setup:
     return -(-n // self.shards) * self.shards
 
   def task(self, split: str, index: int):
-    return generated.generate(split, index, self.config.tasks.seed)
+    # tasks.family: the task source by name; configs written before it existed mean
+    # the generated family.
+    family = self.config.tasks.get("family", "generated")
+    return TASK_SOURCES.get(family)(split, index, self.config.tasks.seed)
 
-  def sampler_params(self, train_params, engine: int):
-    """The trainer's params as engine `engine` computes with them: compute-dtype copies,
-    moved (resharded) onto its inference mesh."""
-    return self.engines[engine].place(inference_copy(train_params, self.model_config))
+  def sampler_params(self, train_params, engine):
+    """The trainer's params as engine `engine` (an index or an `Engine`) computes with
+    them: compute-dtype copies, moved (resharded) onto its inference mesh."""
+    eng = self.engines[engine] if isinstance(engine, int) else engine
+    return eng.place(inference_copy(train_params, self.model_config))
 
-  def rollout_config(self, greedy: bool, seed: int) -> RolloutConfig:
+  def eval_engine(self, max_seq_len: int = 0) -> Engine:
+    """The engine evaluation samples with: engine 0, or (for a `max_seq_len` other than
+    the model's) an engine over the same parameters with a longer KV cache, built once."""
+    if not max_seq_len or max_seq_len == self.model_config.max_seq_len:
+      return self.engines[0]
+    if max_seq_len not in self._eval_engines:
+      mc = self.model_config.replace(max_seq_len=int(max_seq_len))
+      abstract = nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0)))
+      self._eval_engines[max_seq_len] = Engine(
+          abstract, slots=self.config.rl.slots, prefill_chunk=self.config.rl.prefill_chunk,
+          mesh=self.inference_meshes[0])
+    return self._eval_engines[max_seq_len]
+
+  def compaction(self, mode: str = "") -> compaction_lib.CompactionConfig:
+    """`config.rl.compaction` as a `CompactionConfig` (absent = disabled); `mode` other
+    than '' replaces its mode (and enables it unless 'none')."""
+    section = self.config.rl.get("compaction")
+    cfg = compaction_lib.CompactionConfig(**dict(section)) if section else (
+        compaction_lib.CompactionConfig())
+    if mode:
+      cfg = dataclasses.replace(cfg, mode=mode, enabled=cfg.enabled or mode != "none")
+    return cfg
+
+  def rollout_config(self, greedy: bool, seed: int, context_mode: str = "") -> RolloutConfig:
     c = self.config.rl
     return RolloutConfig(max_turns=self.config.env.max_turns, max_turn_tokens=c.max_turn_tokens,
                          temperature=1.0 if greedy else c.temperature,
                          top_k=1 if greedy else c.top_k, top_p=1.0 if greedy else c.top_p,
                          seed=seed, tool_workers=c.tool_workers,
-                         decode_steps=c.decode_steps)
+                         decode_steps=c.decode_steps,
+                         compaction=self.compaction(context_mode))
 
-  def runner(self, params, version: int, greedy: bool, seed: int,
-             engine: int = 0) -> RolloutRunner:
-    return RolloutRunner(self.engines[engine], self.chat, self.rollout_config(greedy, seed),
-                         self.sampler_params(params, engine), version)
+  def runner(self, params, version: int, greedy: bool, seed: int, engine=0,
+             context_mode: str = "") -> RolloutRunner:
+    eng = self.engines[engine] if isinstance(engine, int) else engine
+    return RolloutRunner(eng, self.chat, self.rollout_config(greedy, seed, context_mode),
+                         self.sampler_params(params, eng), version)
 
   def train_env(self, task_index: int):
     return make_env(self.task("train", task_index), self.env_config)
@@ -114,9 +154,20 @@ def demonstrations(s: Setup) -> List[Trajectory]:
   (an imperfect demonstrator's failures are part of what SFT imitates). Cached in the
   workdir under a name that hashes everything they depend on."""
   c = s.config.sft
-  key = json.dumps([c.demo_policy, dict(c.demo_policy_args), c.num_demos,
-                    s.config.tasks.seed, dataclasses.asdict(s.env_config)], sort_keys=True,
-                   default=str)
+  # Demonstrations summarize where RL would (`compaction.mode='compaction'`), whatever
+  # mode RL then trains with: every arm of an ablation starts from the same SFT policy.
+  comp = dataclasses.replace(s.compaction(), mode="compaction") if (
+      s.compaction().enabled) else None
+  family = s.config.tasks.get("family", "generated")
+  long_sessions = comp is not None or family != "generated"
+  parts = [c.demo_policy, dict(c.demo_policy_args), c.num_demos, s.config.tasks.seed,
+           dataclasses.asdict(s.env_config)]
+  if long_sessions:  # (appended only then, so the cache names of earlier runs stay valid)
+    parts += [family, comp and dataclasses.asdict(comp), s.model_config.max_seq_len]
+  key = json.dumps(parts, sort_keys=True, default=str)
+  # A long-task demonstration must fit the window context by context (SFT trains each
+  # context as its own row); the default family's always fit, and keep no limit.
+  limit = s.model_config.max_seq_len if long_sessions else 0
   path = os.path.join(s.workdir, f"demos_{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl")
   if os.path.exists(path):
     with open(path) as f:
@@ -126,7 +177,8 @@ def demonstrations(s: Setup) -> List[Trajectory]:
     task = s.task("train", i)
     policy = make_policy(c.demo_policy, **dict(c.demo_policy_args))
     return scripted_trajectory(policy, task, make_env(task, s.env_config), s.chat,
-                               session_id=i)
+                               session_id=i, compaction=comp,
+                               max_seq_len=limit)
   with ThreadPoolExecutor(s.config.rl.tool_workers) as pool:
     demos = list(pool.map(one, range(c.num_demos)))
   with open(path + ".tmp", "w") as f:
@@ -159,8 +211,34 @@ def changed_code(t: Trajectory) -> bool:
   return False
 
 
-def evaluate(s: Setup, params, count: int, tag: str) -> Dict[str, float]:
-  runner = s.runner(params, version=-1, greedy=True, seed=12345)
+def context_stats(trajs: List[Trajectory], prefix: str = "") -> Dict[str, float]:
+  """How long sessions are against the window: tokens per session (all contexts), per
+  context, context restarts (compactions or truncations) and summary tokens per session,
+  and the share of sessions that ended because a context filled up."""
+  n = max(len(trajs), 1)
+  restarts = [len(t.segments) for t in trajs]
+  ctx = [b - a for t in trajs for a, b in compaction_lib.segment_bounds(t)]
+  summaries = [t.metrics.get("summary_tokens", 0.0) for t in trajs]
+  out = dict(session_tokens_mean=float(np.mean([len(t.tokens) for t in trajs])) if trajs else 0.0,
+             session_tokens_max=float(max((len(t.tokens) for t in trajs), default=0)),
+             context_tokens_max=float(max(ctx, default=0)),
+             context_restarts_mean=float(sum(restarts)) / n,
+             context_restarts_max=float(max(restarts, default=0)),
+             summary_tokens_mean=float(sum(summaries)) / n,
+             summary_tokens_per_compaction=float(sum(summaries)) / max(
+                 sum(t.metrics.get("compactions", 0.0) for t in trajs), 1.0),
+             context_full_rate=float(sum(t.finish_reason == "context_full" for t in trajs)) / n)
+  return {f"{prefix}{k}": v for k, v in out.items()}
+
+
+def evaluate(s: Setup, params, count: int, tag: str, context_mode: str = "",
+             max_seq_len: int = 0) -> Dict[str, float]:
+  """Greedy held-out solve rate. `context_mode` ('' = `config.eval.context_mode`, itself
+  '' = as in RL) and `max_seq_len` (0 = the model's) set how sessions meet the window."""
+  mode = context_mode or s.config.eval.get("context_mode", "")
+  engine = s.eval_engine(max_seq_len)
+  runner = s.runner(params, version=-1, greedy=True, seed=12345, engine=engine,
+                    context_mode=mode)
   jobs = [(f"heldout-{i}", i, make_env(s.task("heldout", i), s.env_config))
           for i in range(count)]
   t0 = time.time()
@@ -174,7 +252,9 @@ def evaluate(s: Setup, params, count: int, tag: str) -> Dict[str, float]:
          f"heldout_edit_rate_{tag}": float(edited.mean()),
          f"heldout_solve_rate_given_edit_{tag}": float(solved[edited].mean()) if edited.any()
                                                  else 0.0,
-         f"eval_seconds_{tag}": time.time() - t0}
+         f"eval_seconds_{tag}": time.time() - t0,
+         f"eval_window_{tag}": float(engine.config.max_seq_len),
+         **{f"{k}_{tag}": v for k, v in context_stats(trajs, "heldout_").items()}}
   s.metrics.write(0, out, phase=f"eval_{tag}")
   return out
 
@@ -195,10 +275,13 @@ def sft_stage(s: Setup, init_params=None):
   demos = demonstrations(s)
   s.metrics.write(0, dict(demos=len(demos), demo_reward=float(np.mean([d.reward for d in demos]))),
                   phase="demos")
+  # One row per context (a compacted demonstration is several sequences, see
+  # rollout.compaction); without compaction the rows are the demonstrations themselves.
+  rows = [r for d in demos for r in compaction_lib.segment_records(d)]
   rng = np.random.default_rng(s.config.seed)
   for k in range(c.steps):
-    pick = rng.choice(len(demos), c.batch_size, replace=len(demos) < c.batch_size)
-    batch = build_batch([demos[i] for i in pick], s.model_config.max_seq_len,
+    pick = rng.choice(len(rows), c.batch_size, replace=len(rows) < c.batch_size)
+    batch = build_batch([rows[i] for i in pick], s.model_config.max_seq_len,
                         num_rows=s.rows(c.batch_size))
     state, m = step.step(state, step.shard_batch(batch))
     if k % c.log_every == 0 or k == c.steps - 1:
@@ -222,7 +305,7 @@ def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict, version: 
                                            / max(t.turns, 1) for t in trajs])),
              tool_seconds=float(np.mean([t.metrics.get("tool_seconds", 0.0) for t in trajs])),
              generated_tokens=float(sum(t.num_generated for t in trajs)),
-             trained_tokens=0.0)
+             trained_tokens=0.0, **context_stats(trajs))
   if not np.any(adv):
     # Every group was all-success or all-failure: no learning signal. Skipping the update
     # also stops AdamW's momentum from moving the weights on zero gradients.
@@ -372,6 +455,10 @@ def run(config, workdir: str, init_params=None) -> Dict:
   state, rl_info = rl_stage(s, step, state, book, ckpt)
   ckpt.close()
   summary.update(evaluate(s, state.params, config.eval.num_heldout, "rl"))
+  full = config.eval.get("full_window_max_seq_len", 0)
+  if full:  # the reference: the same weights with a window the sessions fit in
+    summary.update(evaluate(s, state.params, config.eval.num_heldout, "rl_full_window",
+                            context_mode="none", max_seq_len=full))
   summary.update(rl_info, total_seconds=time.time() - t0)
   summary["gain_points"] = 100 * (summary["heldout_solve_rate_rl"]
                                   - summary["heldout_solve_rate_sft"])

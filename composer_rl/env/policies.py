@@ -10,6 +10,12 @@ text for one turn, in the tool-call format). Registered policies:
              (chosen by hashing the task id with `seed`) it acts as the oracle, on the
              rest it reads the file and gives up (submits unchanged). `run_tests=False`
              leaves out the test run. Expected reward `fix_prob`.
+  long_weak_oracle  the demonstrator of the "multifile" family (long sessions): reads the
+             listed modules in order until it has read the one defining the function, then
+             fixes it (on a `fix_prob` share of tasks, as weak_oracle) or submits unchanged.
+             Asked for a summary (`summarize()`, context compaction) it says which modules
+             it ruled out or which one holds the function, and after the context restart
+             it re-reads that module before editing (the edit needs its exact text).
   adversary  tries every cheat we know -- read the hidden tests, edit the tests, plant
              conftest.py / sitecustomize.py, write outside the world, reach the network,
              remount / chroot, leave a setsid survivor, follow a symlink to the host, make
@@ -69,6 +75,59 @@ class WeakOraclePolicy(ScriptedPolicy):
         if self.run_tests:
             plan.append(("run", {"cmd": task.test_cmd}))
         return plan + [("submit", {})]
+
+
+@POLICIES.register("long_weak_oracle")
+class LongWeakOraclePolicy(WeakOraclePolicy):
+    """Stateful: the next call depends on what was read and on context restarts, so it
+    overrides `act` instead of following a fixed plan."""
+
+    def reset(self, task, compact: bool = False) -> None:
+        self.task, self.compact = task, compact
+        self.files = list(task.meta.get("files") or [task.oracle[0].path])
+        self.target = task.oracle[0].path
+        self.func = task.meta.get("func", "the function")
+        self.read: List[str] = []    # modules read, in order
+        self.visible = False         # the target's text is in the current context
+        self.done_edit = self.ran_tests = False
+        self.i = 0
+
+    @property
+    def found(self) -> bool:
+        return self.target in self.read
+
+    def act(self, observation: str) -> str:
+        self.i += 1
+        if not self.found:
+            path = next((f for f in self.files if f not in self.read), self.target)
+            self.read.append(path)
+            self.visible = True
+            return format_tool_call("read_file", {"path": path}, self.compact)
+        if not self.done_edit and self.fixes(self.task):
+            if not self.visible:  # the module's text went with the old context: read it again
+                self.visible = True
+                return format_tool_call("read_file", {"path": self.target}, self.compact)
+            self.done_edit = True
+            e = self.task.oracle[0]
+            return format_tool_call("edit", {"path": e.path, "old": e.old, "new": e.new},
+                                    self.compact)
+        if self.run_tests and self.done_edit and not self.ran_tests:
+            self.ran_tests = True
+            return format_tool_call("run", {"cmd": self.task.test_cmd}, self.compact)
+        return format_tool_call("submit", {}, self.compact)
+
+    def summarize(self) -> str:
+        """The summary turn's text: what the next context needs to go on. The context
+        restarts after it, so the target module's text is no longer visible."""
+        self.visible = False
+        # Terse (every byte is a token of the next context): the module stems ruled out,
+        # or the module that holds the function.
+        if self.done_edit:
+            return f"{self.func}: fixed in {self.target}"
+        if self.found:
+            return f"{self.func}: in {self.target}"
+        stems = " ".join(p[:-3] if p.endswith(".py") else p for p in self.read)
+        return f"{self.func}: not in {stems}" if self.read else f"{self.func}: nothing read"
 
 
 @POLICIES.register("null")

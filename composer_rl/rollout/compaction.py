@@ -14,6 +14,13 @@ is its own training sequence (`segment_records`): the trainer scores it alone, f
 position 0, exactly as the engine sampled it, so behaviour and trainer log-probs agree
 bit for bit.
 
+`CompactionConfig.mode` chooses what happens when the trigger fires (`CONTEXT_MODES`):
+'compaction' (the summary turn above), 'truncation' (the baseline: the oldest complete
+turns -- model turn + its observation -- are dropped, system prompt and task kept, and the
+shortened context is prefilled once from an empty cache; a segment boundary like a
+compaction's, with no summary turn) or 'none' (no restart: a full context ends the session
+'context_full', as with `enabled=False`).
+
 This module holds the config and the pure pieces (when to compact, the token layouts,
 splitting a trajectory into per-context records); `composer_rl.rollout.runner` drives it.
 """
@@ -22,6 +29,10 @@ import hashlib
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
+
+# CompactionConfig.mode -> what a firing trigger does; the runner maps each name to one
+# handler (`RolloutRunner._BOUNDARY`), 'none' to no handler at all.
+CONTEXT_MODES = ("none", "compaction", "truncation")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +52,12 @@ class CompactionConfig:
     closed with an unsampled end-of-turn, as any turn cut by its budget.
   instruction: the user message that asks for the summary. Keep it short: on the tiny
     byte-level models every byte is a token of the context.
+  mode: what a firing trigger does, one of `CONTEXT_MODES`: 'compaction' (summary turn,
+    restart from system+task+summary), 'truncation' (drop the oldest whole turns, restart
+    from system+task+the turns kept; no summary), 'none' (nothing; like enabled=False).
+  truncation_keep_fraction: truncation only: the oldest turns are dropped (at least one)
+    until the restarted context, the pending observation included, holds <= this fraction
+    of `max_seq_len`. Lower = fewer restarts, less recent history kept.
   """
   enabled: bool = False
   trigger_fraction: float = 0.75
@@ -48,8 +65,20 @@ class CompactionConfig:
   max_compactions: int = 2
   summary_max_tokens: int = 64
   instruction: str = "Summarize your work so far."
+  mode: str = "compaction"
+  truncation_keep_fraction: float = 0.5
+
+  @property
+  def active(self) -> bool:
+    """Whether a firing trigger does anything (enabled and a mode other than 'none')."""
+    return self.enabled and self.mode != "none"
 
   def __post_init__(self):
+    if self.mode not in CONTEXT_MODES:
+      raise ValueError(f"mode must be one of {CONTEXT_MODES}, got {self.mode!r}")
+    if not 0.0 < self.truncation_keep_fraction <= 1.0:
+      raise ValueError("truncation_keep_fraction must be in (0, 1], got "
+                       f"{self.truncation_keep_fraction}")
     if not 0.0 < self.trigger_fraction <= 1.0:
       raise ValueError(f"trigger_fraction must be in (0, 1], got {self.trigger_fraction}")
     if self.max_turns_per_context < 0 or self.max_compactions < 0:
@@ -70,11 +99,37 @@ def should_compact(cfg: CompactionConfig, context_tokens: int, turns_in_context:
     compactions: compactions this session already did.
     max_seq_len: the model's window (the engine's KV cache length).
   """
-  if not cfg.enabled or compactions >= cfg.max_compactions:
+  if not cfg.active or compactions >= cfg.max_compactions:
     return False
   if context_tokens >= cfg.trigger_fraction * max_seq_len:
     return True
   return 0 < cfg.max_turns_per_context <= turns_in_context
+
+
+def summary_fits(chat, cfg: CompactionConfig, context_tokens: int, max_seq_len: int) -> bool:
+  """Whether a context of `context_tokens` (the observation included) still has room for
+  the instruction and at least a one-token summary (and its end-of-turn)."""
+  extra = len(instruction_tokens(chat, "", cfg.instruction)) - len(chat.observation(""))
+  return context_tokens + extra + 2 < max_seq_len
+
+
+def truncation_cut(head: int, turn_starts: Sequence[int], end: int, pending: int,
+                   keep_tokens: int) -> int:
+  """How many of the oldest turns a truncation drops: the fewest (>= 1) such that
+  head + tokens[turn_starts[k]:end] + pending <= keep_tokens; all of them when none does.
+
+  Args:
+    head: tokens of the restarted context's start (system prompt and task).
+    turn_starts: index (in the trajectory) where each model turn of the current context
+      begins, oldest first; a turn runs to the next one's start (its observation included).
+    end: index where the current context ends (the pending observation not included).
+    pending: tokens of the observation that follows (it stays in the new context).
+    keep_tokens: the restarted context's target size.
+  """
+  k = 1
+  while k < len(turn_starts) and head + (end - turn_starts[k]) + pending > keep_tokens:
+    k += 1
+  return k
 
 
 def segment_seed(seed: int, segment: int) -> int:

@@ -18,7 +18,9 @@ Context compaction (`RolloutConfig.compaction`, off by default; see
 window, the observation is followed by an instruction (a user message) and the model
 samples one summary turn, recorded like any turn. The session's cache is then dropped and
 a new context (system, task, summary) is prefilled once from an empty cache, so the engine
-always holds `traj.tokens[context_start:]` at cache positions from 0.
+always holds `traj.tokens[context_start:]` at cache positions from 0. The truncation
+baseline (`CompactionConfig.mode='truncation'`) restarts the same way, from the system
+prompt, the task and the most recent whole turns, with no summary turn.
 """
 import concurrent.futures as cf
 import dataclasses
@@ -94,6 +96,13 @@ class RolloutRunner:
     self._ids = session_ids or itertools.count()
     self.stats = dict(decode_steps=0, generated_tokens=0, prefill_tokens=0, reprefills=0,
                       decode_seconds=0.0, prefill_seconds=0.0)
+    # session id -> where each model turn of its current context starts in traj.tokens
+    # (what truncation cuts at: a turn runs to the next one's start, observation included).
+    self._turn_starts: dict = {}
+    # CompactionConfig.mode -> what a firing trigger does at a turn boundary: each handler
+    # returns the tokens to append (or None: it cannot apply here; the session goes on as
+    # without compaction). 'none' has no handler.
+    self._boundary = {"compaction": self._ask_summary, "truncation": self._truncate}
 
   # ---- weights -------------------------------------------------------------------------
   def set_params(self, params, version: int) -> None:
@@ -188,6 +197,7 @@ class RolloutRunner:
 
   def _grade(self, s: LiveSession, reason: str) -> Trajectory:
     t = s.traj
+    self._turn_starts.pop(t.session_id, None)
     t.finish_reason = reason
     for k, v in dict(getattr(s.env, "metrics", {}) or {}).items():
       if isinstance(v, (int, float)):  # e.g. malformed_calls, tool_errors from the harness
@@ -218,6 +228,7 @@ class RolloutRunner:
     prompt = env.reset()
     s.extend_context(self.chat.start(self.cfg.system_prompt, prompt))
     s.turn_start = len(traj.tokens)
+    self._turn_starts[traj.session_id] = [s.turn_start]
     # For inspection only (composer_rl.viewer): the texts the tokens above encode, and
     # what the environment says about its task (envs without a task leave it empty).
     traj.prompt, traj.system_prompt = prompt, self.cfg.system_prompt
@@ -298,16 +309,14 @@ class RolloutRunner:
             grading[pool.submit(self._grade, s, "submitted" if submitted else "turn_budget")] = s
             continue
           obs_tokens = self.chat.observation(obs)
-          if self._compacts(s, obs_tokens):
-            # The model sees the observation, then is asked for a summary (its next turn).
-            obs_tokens = compaction_lib.instruction_tokens(self.chat, obs,
-                                                           self.cfg.compaction.instruction)
-            s.summarizing = True
+          if self._triggers(s, obs_tokens):
+            obs_tokens = self._boundary[self.cfg.compaction.mode](s, obs, obs_tokens) or obs_tokens
           if self._context_len(s) + len(obs_tokens) + 2 >= eng.config.max_seq_len:
             grading[pool.submit(self._grade, s, "context_full")] = s
             continue
           s.extend_context(obs_tokens)
           s.turn_tokens, s.turn_start = 0, len(s.traj.tokens)
+          self._turn_starts[s.traj.session_id].append(s.turn_start)
           ready.append(s)
         for fut in [f for f in grading if f.done()]:
           grading.pop(fut)
@@ -342,19 +351,46 @@ class RolloutRunner:
     tools[pool.submit(self._tool, s, text)] = s
 
   # ---- context compaction --------------------------------------------------------------
-  def _compacts(self, s: LiveSession, obs_tokens: List[int]) -> bool:
-    """Whether this turn boundary compacts: the trigger fires and the observation, the
-    instruction and at least a one-token summary still fit in the current context."""
+  def _triggers(self, s: LiveSession, obs_tokens: List[int]) -> bool:
+    """Whether the context trigger fires at this turn boundary (any mode but 'none')."""
     c = self.cfg.compaction
-    if not c.enabled:
-      return False
-    n = self._context_len(s) + len(obs_tokens)
-    if not compaction_lib.should_compact(c, n, s.traj.turns - s.context_turn0,
-                                         len(s.traj.segments), self.engine.config.max_seq_len):
-      return False
-    extra = len(compaction_lib.instruction_tokens(self.chat, "", c.instruction)) - len(
-        self.chat.observation(""))
-    return self._context_len(s) + len(obs_tokens) + extra + 2 < self.engine.config.max_seq_len
+    return c.active and compaction_lib.should_compact(
+        c, self._context_len(s) + len(obs_tokens), s.traj.turns - s.context_turn0,
+        len(s.traj.segments), self.engine.config.max_seq_len)
+
+  def _ask_summary(self, s: LiveSession, obs: str, obs_tokens: List[int]):
+    """'compaction': the model sees the observation, then is asked for a summary (its next
+    turn), provided the instruction and a one-token summary still fit."""
+    c = self.cfg.compaction
+    if not compaction_lib.summary_fits(self.chat, c, self._context_len(s) + len(obs_tokens),
+                                       self.engine.config.max_seq_len):
+      return None
+    s.summarizing = True
+    return compaction_lib.instruction_tokens(self.chat, obs, c.instruction)
+
+  def _truncate(self, s: LiveSession, obs: str, obs_tokens: List[int]):
+    """'truncation': ends the current context after the last model turn and returns the
+    next one, (system, task, the most recent whole turns, the observation), which is
+    prefilled once from an empty cache; None when even (system, task, observation) would
+    leave no room for a turn."""
+    t, c, n = s.traj, self.cfg.compaction, self.engine.config.max_seq_len
+    head = self.chat.start(self.cfg.system_prompt, t.prompt or "")
+    starts = self._turn_starts[t.session_id]
+    k = compaction_lib.truncation_cut(len(head), starts, len(t.tokens), len(obs_tokens),
+                                      int(c.truncation_keep_fraction * n))
+    kept_from = starts[k] if k < len(starts) else len(t.tokens)
+    new = head + t.tokens[kept_from:] + obs_tokens
+    if len(new) + 2 >= n:
+      return None
+    t.metrics["truncations"] = t.metrics.get("truncations", 0.0) + 1.0
+    t.metrics["dropped_turns"] = t.metrics.get("dropped_turns", 0.0) + float(k)
+    t.segments.append(dict(turn=t.turns, token=len(t.tokens), summary="", dropped_turns=k))
+    s.saved = None  # the old context's cache is never extended again
+    s.context_start, s.context_turn0 = len(t.tokens), t.turns
+    # The kept turns move to their place in the new context.
+    offset = len(t.tokens) + len(head) - kept_from
+    self._turn_starts[t.session_id] = [p + offset for p in starts[k:]]
+    return new
 
   def _restart_context(self, s: LiveSession, ready: List[LiveSession]) -> bool:
     """Ends the summary turn and starts the next context from (system, task, summary);
@@ -380,6 +416,7 @@ class RolloutRunner:
     s.context_start, s.context_turn0 = len(t.tokens), t.turns
     s.extend_context(new)
     s.turn_tokens, s.turn_start = 0, len(t.tokens)
+    self._turn_starts[t.session_id] = [s.turn_start]
     ready.append(s)
     return True
 
