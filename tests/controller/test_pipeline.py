@@ -2,7 +2,6 @@
 stage 1 reports held-out perplexity, stage 2 starts from stage 1's weights, a re-run reads
 finished stages back, and mismatched architectures or corpus settings fail naming the field."""
 import json
-import os
 
 import jax
 import numpy as np

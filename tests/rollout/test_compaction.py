@@ -12,12 +12,11 @@ import pytest
 from flax import nnx
 
 from composer_rl.data.byte_tokenizer import ByteTokenizer
-from composer_rl.model import Transformer, get_preset, sharding
+from composer_rl.model import sharding
 from composer_rl.rollout import compaction as cl
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.rollout.session import Trajectory
-from composer_rl.sampling.engine import Engine
 from composer_rl.train import losses
 from composer_rl.train.batch import build_batch
 from composer_rl.train.train_step import TrainConfig, make_train_step
@@ -37,17 +36,8 @@ TURNS = [12, 12, 3, 8, 30]
 
 
 @pytest.fixture(scope="module")
-def setup():
-  tok = ByteTokenizer()
-  model = Transformer(get_preset("tiny", vocab_size=tok.vocab_size, max_seq_len=MAX_SEQ),
-                      rngs=nnx.Rngs(0))
-  eng = Engine(model, slots=2, prefill_chunk=16)  # one engine (and its programs) for all runs
-  return tok, model, eng
-
-
-@pytest.fixture(scope="module")
-def compacted(setup):
-  tok, model, eng = setup
+def compacted(window_160):
+  tok, model, eng = window_160
   runner = RolloutRunner(eng, ChatFormat(tok), CFG, eng.load_params())
   jobs = [(f"t{i}", i, CountingEnv(turns=n, delay=0.0)) for i, n in enumerate(TURNS)]
   return runner.run(jobs, max_in_flight=3)  # 5 sessions through 2 slots
@@ -79,8 +69,8 @@ def test_pure_helpers():
       t.tokens, t.loss_mask, t.logprobs, t.versions)
 
 
-def test_sessions_compact_restart_and_stay_exact(setup, compacted):
-  tok, model, _ = setup
+def test_sessions_compact_restart_and_stay_exact(window_160, compacted):
+  tok, model, _ = window_160
   chat = ChatFormat(tok)
   trajs = compacted
   ask = cl.instruction_tokens(chat, "", COMP.instruction)[-(len(COMP.instruction) + 3):]
@@ -127,8 +117,8 @@ def test_sessions_compact_restart_and_stay_exact(setup, compacted):
   assert _verify(segments, {0: params}, graphdef, CFG) == sum(t.num_generated for t in trajs)
 
 
-def test_segments_train_on_policy_with_ratio_exactly_one(setup, compacted):
-  tok, model, _ = setup
+def test_segments_train_on_policy_with_ratio_exactly_one(window_160, compacted):
+  tok, model, _ = window_160
   trajs = compacted
   adv = np.linspace(-1.0, 1.0, len(trajs)).astype(np.float32)
   records, row_adv = cl.expand_segments(trajs, adv)
@@ -149,8 +139,8 @@ def test_segments_train_on_policy_with_ratio_exactly_one(setup, compacted):
   assert np.isfinite(float(m["loss"]))
 
 
-def test_disabled_compaction_changes_nothing(setup):
-  tok, model, eng = setup
+def test_disabled_compaction_changes_nothing(window_160):
+  tok, model, eng = window_160
   out = []
   base = RolloutConfig(system_prompt=SYSTEM, max_turns=5, max_turn_tokens=6, top_k=50, seed=3)
   # Disabled, with triggers that would fire at every boundary if it were on.
@@ -166,10 +156,10 @@ def test_disabled_compaction_changes_nothing(setup):
     assert "compactions" not in b.metrics and "summary_tokens" not in b.metrics
 
 
-def test_compaction_with_multi_step_decode_and_a_weight_update_stays_exact(setup):
+def test_compaction_with_multi_step_decode_and_a_weight_update_stays_exact(window_160):
   """A restarted context re-prefilled under new weights (from its own start, not the
   session's) and summaries cut inside a multi-step decode block stay exact."""
-  tok, model, eng = setup
+  tok, model, eng = window_160
   graphdef, p0 = nnx.split(model)
   p1 = jax.tree.map(lambda x: x * 1.01, p0)
   cfg = dataclasses.replace(CFG, decode_steps=4, compaction=dataclasses.replace(

@@ -12,13 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from composer_rl.data.byte_tokenizer import ByteTokenizer
-from composer_rl.model import Transformer, get_preset, sharding
+from composer_rl.model import sharding
 from composer_rl.rollout import compaction as cl
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.rollout.session import Trajectory
-from composer_rl.sampling.engine import Engine
 from composer_rl.train import losses
 from composer_rl.train.batch import build_batch
 from composer_rl.train.train_step import TrainConfig, make_train_step
@@ -36,17 +34,8 @@ TURNS = [14, 3, 8, 40]  # long, never triggers, one or two restarts, runs out of
 
 
 @pytest.fixture(scope="module")
-def setup():
-  tok = ByteTokenizer()
-  model = Transformer(get_preset("tiny", vocab_size=tok.vocab_size, max_seq_len=MAX_SEQ),
-                      rngs=nnx.Rngs(0))
-  eng = Engine(model, slots=2, prefill_chunk=16)
-  return tok, model, eng
-
-
-@pytest.fixture(scope="module")
-def truncated(setup):
-  tok, model, eng = setup
+def truncated(window_160):
+  tok, model, eng = window_160
   runner = RolloutRunner(eng, ChatFormat(tok), CFG, eng.load_params())
   jobs = [(f"t{i}", i, CountingEnv(turns=n, delay=0.0)) for i, n in enumerate(TURNS)]
   return runner.run(jobs, max_in_flight=3)
@@ -64,8 +53,8 @@ def test_config_and_cut():
   assert cl.truncation_cut(10, [10], 90, 5, 500) == 1              # always >= 1
 
 
-def test_sessions_truncate_restart_and_stay_exact(setup, truncated):
-  tok, model, _ = setup
+def test_sessions_truncate_restart_and_stay_exact(window_160, truncated):
+  tok, model, _ = window_160
   chat = ChatFormat(tok)
   head = chat.start(SYSTEM, TASK)
   by_turns = dict(zip(TURNS, truncated))
@@ -109,8 +98,8 @@ def test_sessions_truncate_restart_and_stay_exact(setup, truncated):
   assert _verify(segments, {0: params}, graphdef, CFG) == sum(t.num_generated for t in truncated)
 
 
-def test_truncated_segments_train_with_ratio_exactly_one(setup, truncated):
-  tok, model, _ = setup
+def test_truncated_segments_train_with_ratio_exactly_one(window_160, truncated):
+  tok, model, _ = window_160
   adv = np.linspace(-1.0, 1.0, len(truncated)).astype(np.float32)
   records, row_adv = cl.expand_segments(truncated, adv)
   assert len(records) == sum(len(t.segments) + 1 for t in truncated)
@@ -128,9 +117,9 @@ def test_truncated_segments_train_with_ratio_exactly_one(setup, truncated):
   assert float(m["tokens"]) == sum(t.num_generated for t in truncated)
 
 
-def test_mode_none_is_disabled(setup):
+def test_mode_none_is_disabled(window_160):
   """mode='none' with triggers that would fire everywhere = compaction disabled."""
-  tok, model, eng = setup
+  tok, model, eng = window_160
   out = []
   base = RolloutConfig(system_prompt=SYSTEM, max_turns=5, max_turn_tokens=6, top_k=50, seed=3)
   none = dataclasses.replace(base, compaction=cl.CompactionConfig(

@@ -61,8 +61,9 @@ def _oracle_edit(path: str, source: str, correct: str, buggy_snip: str) -> Tuple
             raise ValueError("cannot make a unique oracle edit")
 
 
-def _test_file(module: str, name: str, cases: List[dict], prefix: str) -> str:
-    lines = [f"from {module} import {name}", ""]
+def test_file(import_lines: List[str], name: str, cases: List[dict]) -> str:
+    """A pytest module: `import_lines`, then one test per case asserting `name(*args)`."""
+    lines = list(import_lines) + [""]
     for c in cases:
         call = f"{name}({', '.join(repr(a) for a in c['args'])})"
         lines += ["", f"def {c['id']}():", f"    assert {call} == {c['expected']!r}", ""]
@@ -117,9 +118,9 @@ def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
         f"tests.test_{module}_hidden::{c['id']}" for c in hidden)
     return Task(
         id=tid, family=family, split=split,
-        files={path: buggy, vis_path: _test_file(module, name, visible, "test")},
+        files={path: buggy, vis_path: test_file([f"from {module} import {name}"], name, visible)},
         editable=(path,), visible_tests=(vis_path,),
-        hidden_tests={hid_path: _test_file(module, name, hidden, "hidden")},
+        hidden_tests={hid_path: test_file([f"from {module} import {name}"], name, hidden)},
         test_cmd="python -m pytest -q tests", prompt=prompt, oracle=(oracle,),
         test_paths=("tests",), test_ids=test_ids, checks=tuple(cases), module=module,
         meta={"template": t.key, "variant": list(variant), "seed": seed, "index": index})

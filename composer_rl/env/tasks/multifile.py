@@ -19,7 +19,7 @@ order); `task.meta["target_position"]` is the buggy module's place in it.
 from __future__ import annotations
 
 import random
-from typing import List, Tuple
+from typing import List
 
 from composer_rl.env.tasks import generated
 from composer_rl.env.tasks.registry import TASK_SOURCES
@@ -56,11 +56,8 @@ def _draw_cases(rng, t, k, name, source, buggy):
 
 
 def _test_file(modules: List[str], name: str, cases: List[dict]) -> str:
-    lines = [f"from {m} import *  # noqa" for m in modules] + [""]
-    for c in cases:
-        call = f"{name}({', '.join(repr(a) for a in c['args'])})"
-        lines += ["", f"def {c['id']}():", f"    assert {call} == {c['expected']!r}", ""]
-    return "\n".join(lines)
+    # `import *` from every module: the visible test must not say which one defines `name`.
+    return generated.test_file([f"from {m} import *  # noqa" for m in modules], name, cases)
 
 
 def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
