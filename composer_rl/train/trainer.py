@@ -25,12 +25,15 @@ from composer_rl.train.checkpoint import Checkpointer
 from composer_rl.train.train_step import make_train_step
 
 # Test hook: sleep inside step k (after the update is dispatched, before it is saved) and
-# drop a marker file, so a test can SIGKILL the process in the middle of a step.
+# drop a marker file, so a test can SIGKILL the process in the middle of a step. Earlier
+# asynchronous checkpoint saves are finished first, so what the kill interrupts is exactly
+# step k (how far an async save got before a kill would otherwise depend on timing).
 STALL_ENV = "COMPOSER_RL_TEST_STALL_AT_STEP"
 
 
-def _maybe_stall(step: int, workdir: str) -> None:
+def _maybe_stall(step: int, workdir: str, ckpt: Checkpointer) -> None:
   if os.environ.get(STALL_ENV) == str(step):
+    ckpt.wait()
     with open(os.path.join(workdir, "STALLED"), "w") as f:
       f.write(str(step))
     time.sleep(3600)
@@ -177,7 +180,7 @@ def train(config, workdir: str) -> Dict[str, Any]:
   for step in range(start, c.train.steps):
     batch, info = source.next(state.params, step)
     state, m = step_fn.step(state, step_fn.shard_batch(batch))
-    _maybe_stall(step, workdir)
+    _maybe_stall(step, workdir, ckpt)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     m.update(info, step=step + 1, seconds=round(time.time() - t0, 3))
     history.append(m)
