@@ -172,8 +172,10 @@ def plan(config, topology: Topology, mode: str = "off",
   if mode == "off" and topology.processes > 1:
     raise ValueError(f"the topology has {topology.processes} processes but --distributed=off;"
                      " use auto (Cloud TPU, Slurm), explicit or pathways")
-  if config.get("kind") == "pipeline":  # one controller runs every stage; the agent
-    config = config.agent               # stages (engines, sandboxes) set its placement
+  if config.get("kind") in ("pipeline", "compaction_ablation"):
+    # One controller runs every stage or arm; the agent runs (engines, sandboxes) set its
+    # placement.
+    config = config.agent
   agent = config.get("kind") == "agent_rl"
   body = _agent_plan(config, topology, mode) if agent else _trainer_plan(config, topology, mode)
   out: Dict[str, Any] = dict(

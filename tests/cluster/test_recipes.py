@@ -81,6 +81,14 @@ def test_plan_errors_name_the_problem():
   assert "Orbax weight deltas" in p["weights_to_inference"]
 
 
+def test_multi_stage_kinds_plan_as_their_agent_runs():
+  for name, variant in (("tiny_pipeline", "default"), ("tiny_compaction", "ablation")):
+    module = __import__(name)
+    p = plan_lib.plan(module.get_config(variant), plan_lib.Topology("tpu", 1, 8), "off")
+    assert p["experiment"] == "agent_rl" and p["controllers"] == 1
+    assert p["train_mesh"]["devices"] + sum(m["devices"] for m in p["inference_meshes"]) == 8
+
+
 def test_topology_parse_and_bad_items():
   assert plan_lib.Topology.parse("platform=tpu,processes=2,devices_per_process=4") == \
       plan_lib.Topology("tpu", 2, 4, 1)

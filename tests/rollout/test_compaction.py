@@ -111,31 +111,39 @@ def test_sessions_compact_restart_and_stay_exact(window_160, compacted):
     assert [s["turn"] for s in t.segments] == sorted(s["turn"] for s in t.segments)
   # Each context alone, scored by the trainer's program from position 0: every sampled
   # token (summaries included) has the engine's log-prob bits.
+  assert verify_each_context_alone(trajs, model, CFG) == sum(t.num_generated for t in trajs)
+
+
+def verify_each_context_alone(trajs, model, cfg) -> int:
+  """Scores every context of every session alone with the trainer's program (from
+  position 0); asserts each sampled token's log-prob bits; returns how many it compared."""
   segments = [Trajectory(t.task_id, t.group_id, t.session_id, **r)
               for t in trajs for r in cl.segment_records(t)]
   graphdef, params = nnx.split(model)
-  assert _verify(segments, {0: params}, graphdef, CFG) == sum(t.num_generated for t in trajs)
+  return _verify(segments, {0: params}, graphdef, cfg)
 
 
-def test_segments_train_on_policy_with_ratio_exactly_one(window_160, compacted):
-  tok, model, _ = window_160
-  trajs = compacted
+def train_step_on_contexts(trajs, model, cfg):
+  """One ppo_clip step on the per-context rows (`expand_segments`); its metrics."""
   adv = np.linspace(-1.0, 1.0, len(trajs)).astype(np.float32)
   records, row_adv = cl.expand_segments(trajs, adv)
   assert len(records) == sum(len(t.segments) + 1 for t in trajs)
   assert list(row_adv) == [a for t, a in zip(trajs, adv) for _ in range(len(t.segments) + 1)]
-  batch = build_batch(records, MAX_SEQ, advantages=row_adv, temperature=CFG.temperature,
-                      top_k=CFG.top_k, top_p=CFG.top_p)
-  model_config = model.config
-  step = make_train_step(model_config, TrainConfig(loss=losses.LossConfig(policy_loss="ppo_clip")),
+  batch = build_batch(records, MAX_SEQ, advantages=row_adv, temperature=cfg.temperature,
+                      top_k=cfg.top_k, top_p=cfg.top_p)
+  step = make_train_step(model.config,
+                         TrainConfig(loss=losses.LossConfig(policy_loss="ppo_clip")),
                          sharding.make_mesh({"data": 1}, jax.devices()[:1]))
   _, params = nnx.split(model)
   state = step.init_state(0, params=nnx.to_pure_dict(params))
-  _, m = step.step(state, step.shard_batch(batch))
-  m = jax.device_get(m)
+  return jax.device_get(step.step(state, step.shard_batch(batch))[1])
+
+
+def test_segments_train_on_policy_with_ratio_exactly_one(window_160, compacted):
+  m = train_step_on_contexts(compacted, window_160[1], CFG)
   assert float(m["ratio_not_one_frac"]) == 0.0
   assert float(m["ratio_min"]) == 1.0 and float(m["ratio_max"]) == 1.0
-  assert float(m["tokens"]) == sum(t.num_generated for t in trajs)  # summaries included
+  assert float(m["tokens"]) == sum(t.num_generated for t in compacted)  # summaries included
   assert np.isfinite(float(m["loss"]))
 
 

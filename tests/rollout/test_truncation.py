@@ -7,22 +7,16 @@ import dataclasses
 import os
 import sys
 
-import jax
 import numpy as np
 import pytest
-from flax import nnx
 
-from composer_rl.model import sharding
 from composer_rl.rollout import compaction as cl
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
-from composer_rl.rollout.session import Trajectory
-from composer_rl.train import losses
-from composer_rl.train.batch import build_batch
-from composer_rl.train.train_step import TrainConfig, make_train_step
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_runner import CountingEnv, _verify  # noqa: E402  (the runner tests' fake env)
+from test_runner import CountingEnv  # noqa: E402  (the runner tests' fake env)
+from test_compaction import train_step_on_contexts, verify_each_context_alone  # noqa: E402
 
 MAX_SEQ = 160
 SYSTEM, TASK = "sys", "count bytes"  # TASK is what CountingEnv.reset() says
@@ -92,26 +86,12 @@ def test_sessions_truncate_restart_and_stay_exact(window_160, truncated):
       # the kept part is whole turns: it starts right after an assistant header
       if kept:
         assert t.tokens[pb - len(kept) - 1] == tok.ASSISTANT
-  segments = [Trajectory(t.task_id, t.group_id, t.session_id, **r)
-              for t in truncated for r in cl.segment_records(t)]
-  graphdef, params = nnx.split(model)
-  assert _verify(segments, {0: params}, graphdef, CFG) == sum(t.num_generated for t in truncated)
+  assert verify_each_context_alone(truncated, model, CFG) == sum(
+      t.num_generated for t in truncated)
 
 
 def test_truncated_segments_train_with_ratio_exactly_one(window_160, truncated):
-  tok, model, _ = window_160
-  adv = np.linspace(-1.0, 1.0, len(truncated)).astype(np.float32)
-  records, row_adv = cl.expand_segments(truncated, adv)
-  assert len(records) == sum(len(t.segments) + 1 for t in truncated)
-  batch = build_batch(records, MAX_SEQ, advantages=row_adv, temperature=CFG.temperature,
-                      top_k=CFG.top_k, top_p=CFG.top_p)
-  step = make_train_step(model.config,
-                         TrainConfig(loss=losses.LossConfig(policy_loss="ppo_clip")),
-                         sharding.make_mesh({"data": 1}, jax.devices()[:1]))
-  _, params = nnx.split(model)
-  state = step.init_state(0, params=nnx.to_pure_dict(params))
-  _, m = step.step(state, step.shard_batch(batch))
-  m = jax.device_get(m)
+  m = train_step_on_contexts(truncated, window_160[1], CFG)
   assert float(m["ratio_not_one_frac"]) == 0.0
   assert float(m["ratio_min"]) == 1.0 and float(m["ratio_max"]) == 1.0
   assert float(m["tokens"]) == sum(t.num_generated for t in truncated)
