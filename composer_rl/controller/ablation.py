@@ -8,9 +8,10 @@ meeting the window, with the same training budget.
   compaction            ['compaction', 'compaction']  summaries trained in the loop
   compaction_eval_only  ['none', 'compaction']        RL never compacts; evaluation does
   truncation            ['truncation', 'truncation']  drop the oldest turns instead
-Every arm runs `agent_rl.run` in workdir/<arm> with only those two fields changed, so the
-arms share the SFT stage's inputs (demonstrations summarize in every arm, the same seed)
-and differ in RL and evaluation alone. With `config.agent.eval.full_window_max_seq_len`
+Every arm runs `agent_rl.run` in workdir/<arm> with only those two fields changed. The
+SFT stage's inputs do not depend on them (demonstrations summarize in every arm, the same
+seed), so SFT runs once, in the first arm, and every later arm starts RL from that arm's
+saved SFT policy: the arms differ in RL and evaluation alone. With `config.agent.eval.full_window_max_seq_len`
 each arm's RL policy is also evaluated with a window its sessions fit in (the reference;
 `max_seq_len` is a compute field, the parameters are the arm's).
 
@@ -67,9 +68,10 @@ def run(config, workdir: str) -> Dict[str, Any]:
       seed=config.agent.seed, window=config.agent.model.max_seq_len,
       full_window=config.agent.eval.get("full_window_max_seq_len", 0),
       rl_steps=config.agent.rl.steps, task_family=config.agent.tasks.get("family"), arms={})
+  first = os.path.join(workdir, next(iter(arms)))
   for name, modes in arms.items():
-    summary = _stage(os.path.join(workdir, name),
-                     lambda w, c=configs[name]: agent_rl.run(c, w))
+    summary = _stage(os.path.join(workdir, name), lambda d, c=configs[name]: agent_rl.run(
+        c, d, sft_from="" if d == first else first))
     out["arms"][name] = dict(train_context_mode=modes[0], eval_context_mode=modes[1],
                              **_arm_summary(summary))
   with open(os.path.join(workdir, "summary.json"), "w") as f:

@@ -431,10 +431,24 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
                      sampler_stats=factory.stats())
 
 
-def run(config, workdir: str, init_params=None) -> Dict:
+def saved_sft_params(s: Setup, step, workdir: str):
+  """The SFT policy another run of the same architecture saved as its RL step 0."""
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=2, keep_period=10**9)
+  try:
+    restored = ckpt.restore(step.abstract_state(), step=0)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise FileNotFoundError(f"no SFT policy (RL step 0 checkpoint) in {workdir}/checkpoints")
+  return restored.state.params
+
+
+def run(config, workdir: str, init_params=None, sft_from: str = "") -> Dict:
   """Runs (or resumes, from `workdir/checkpoints`) the experiment; returns the summary,
   which is also the last stdout line (JSON). `init_params` (host arrays of the same
-  architecture) start SFT from an earlier stage's weights instead of a fresh init."""
+  architecture) start SFT from an earlier stage's weights instead of a fresh init;
+  `sft_from` (a workdir of a run with the same SFT inputs) skips SFT and starts RL from
+  that run's SFT policy (an ablation's arms share one SFT stage)."""
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
   s = Setup(config, workdir)
@@ -447,7 +461,8 @@ def run(config, workdir: str, init_params=None) -> Dict:
     s.metrics.truncate_phase("rl", restored.step)
     print(f"composer_rl: resumed at RL step {restored.step} from {workdir}", flush=True)
   else:  # step 0 of RL is the SFT policy: checkpointed, so SFT never runs twice
-    sft_params = sft_stage(s, init_params).params
+    sft_params = (saved_sft_params(s, step, sft_from) if sft_from
+                  else sft_stage(s, init_params).params)
     book = dict(sft_eval=evaluate(s, sft_params, config.eval.num_heldout, "sft"))
     state = step.init_state(config.seed, params=sft_params)
     ckpt.save(0, state, ledger=book)

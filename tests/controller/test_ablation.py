@@ -7,6 +7,7 @@ import json
 import pytest
 
 from composer_rl.controller import ablation, agent_rl
+from composer_rl.train import checkpoint
 from tests.train import helpers
 
 
@@ -39,6 +40,14 @@ def test_arm_configs_change_only_the_context_modes():
   assert set(c.arms) == {"compaction", "compaction_eval_only", "truncation"}
 
 
+def _step0_params_digest(c, path):
+  arm = ablation.arm_config(c, "compaction", "compaction")
+  s = agent_rl.Setup(arm, str(path / "probe"))
+  params = agent_rl.saved_sft_params(s, agent_rl.make_rl_step(s), str(path))
+  s.metrics.close()
+  return checkpoint.digest(params)
+
+
 @pytest.mark.slow
 def test_ablation_smoke_runs_every_arm_and_resumes(tmp_path, monkeypatch):
   c = _config()
@@ -69,6 +78,13 @@ def test_ablation_smoke_runs_every_arm_and_resumes(tmp_path, monkeypatch):
       assert not segs and all(r["context_restarts_mean"] == 0 for r in rows)
     else:
       assert segs and all((s["summary"] == "") == (train_mode == "truncation") for s in segs)
+  # SFT ran once, in the first arm; every arm's RL started from that SFT policy.
+  first, *later = list(c.arms)
+  sft_rows = lambda n: [r for r in map(json.loads, open(tmp_path / n / "metrics.jsonl"))
+                        if r.get("phase") == "sft"]
+  assert sft_rows(first) and not any(sft_rows(n) for n in later)
+  digests = {n: _step0_params_digest(c, tmp_path / n) for n in c.arms}
+  assert len(set(digests.values())) == 1, digests
   # A re-run reads every finished arm back: nothing trains again.
   monkeypatch.setattr(agent_rl, "run", lambda *a, **k: pytest.fail("an arm ran again"))
   assert ablation.run(c, str(tmp_path)) == out
