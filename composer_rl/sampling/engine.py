@@ -61,6 +61,8 @@ class Prefix:
   length: jax.Array
   token: jax.Array
   logprob: jax.Array
+  top_ids: jax.Array
+  top_logprobs: jax.Array
   seq_id: jax.Array
   seed: jax.Array
   sampling: head_lib.RowSampling
@@ -81,10 +83,13 @@ class DecodeState:
 
 @flax.struct.dataclass
 class StepResult:
-  """What one `generate` call produced per slot: the new token, its logprob, the experts of
-  the token that was fed, and whether the slot was active."""
+  """What one `generate` call produced per slot: the new token, its logprob, the engine's
+  `top_logprobs` most likely tokens and their log-probs, the experts of the token that was
+  fed, and whether the slot was active."""
   tokens: jax.Array
   logprobs: jax.Array
+  top_ids: jax.Array
+  top_logprobs: jax.Array
   fed_expert_ids: jax.Array
   active: jax.Array
 
@@ -95,6 +100,8 @@ class Engine:
   slots: concurrent decode slots (`max_concurrent_decodes`).
   prefill_chunk: tokens per prefill call; inputs are padded to a multiple of it so a few
     compiled programs serve every length.
+  top_logprobs: how many most likely alternatives every sampled token comes with
+    (`Prefix.top_*`, `StepResult.top_*`; a server's `top_logprobs`); 0 computes none.
   mesh: the inference mesh the engine runs on (params passed in must live there, e.g.
     `jax.device_put(params, engine.replicated)`); None = the default device. Every slot is
     computed on every device of the mesh (replicated); a mesh per engine is how a host's
@@ -102,8 +109,9 @@ class Engine:
   """
 
   def __init__(self, model: Transformer, slots: int, prefill_chunk: int = 32,
-               mesh: Optional[Mesh] = None):
+               mesh: Optional[Mesh] = None, top_logprobs: int = 0):
     self.config = model.config
+    self.top_logprobs = int(top_logprobs)
     self.mesh = mesh
     self.replicated = NamedSharding(mesh, P()) if mesh is not None else None
     self.graphdef, self.params = nnx.split(model)
@@ -167,10 +175,11 @@ class Engine:
       ids.append(chunk_ids[:valid])
       last = hidden
     rows = request.rows()
-    token, logprob = self._sample_fn(params, last, jnp.int32(start + n),
-                                     jnp.int32(request.seq_id), jnp.uint32(request.seed), rows)
-    return Prefix(cache=cache, length=jnp.int32(start + n), token=token, logprob=logprob,
-                  seq_id=jnp.int32(request.seq_id), seed=jnp.uint32(request.seed),
+    head = self._sample_fn(params, last, jnp.int32(start + n), jnp.int32(request.seq_id),
+                           jnp.uint32(request.seed), rows)
+    return Prefix(cache=cache, length=jnp.int32(start + n), token=head.tokens[0],
+                  logprob=head.logprobs[0], top_ids=head.top_ids[0],
+                  top_logprobs=head.top_logprobs[0], seq_id=jnp.int32(request.seq_id), seed=jnp.uint32(request.seed),
                   sampling=rows, expert_ids=jnp.concatenate(ids))
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
@@ -213,9 +222,8 @@ class Engine:
   def _sample_impl(self, params, hidden, position, seq_id, seed, rows):
     model = nnx.merge(self.graphdef, params)
     keys = head_lib.token_keys(seed, seq_id[None], position[None])
-    out = head_lib.token_head(model.logits, hidden, keys, jnp.full((1,), -1), rows,
-                              self.config.tile)
-    return out.tokens[0], out.logprobs[0]
+    return head_lib.token_head(model.logits, hidden, keys, jnp.full((1,), -1), rows,
+                               self.config.tile, top=self.top_logprobs)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
     def put(full, one):
@@ -233,7 +241,8 @@ class Engine:
     cfg = self.config
     return Prefix(cache=jax.tree.map(take, state.cache), length=state.lengths[slot],
                   token=state.last_token[slot], logprob=jnp.float32(0.0),
-                  seq_id=state.seq_ids[slot], seed=state.seeds[slot],
+                  top_ids=jnp.zeros((self.top_logprobs,), jnp.int32),
+                  top_logprobs=jnp.zeros((self.top_logprobs,), jnp.float32), seq_id=state.seq_ids[slot], seed=state.seeds[slot],
                   sampling=jax.tree.map(take, state.sampling),
                   expert_ids=jnp.zeros((0, cfg.num_moe_layers,
                                         cfg.experts_per_token if cfg.num_moe_layers else 0),
@@ -257,9 +266,10 @@ class Engine:
     keys = jax.vmap(lambda s, q, p: head_lib.token_keys(s, q[None], p[None])[0])(
         state.seeds, state.seq_ids, slot_pos + 1)
     nxt = head_lib.token_head(model.logits, out.hidden[:, 0], keys,
-                              jnp.full((self.slots,), -1), state.sampling, self.config.tile)
+                              jnp.full((self.slots,), -1), state.sampling, self.config.tile,
+                              top=self.top_logprobs)
     live = state.active
     new_state = state.replace(cache=out.cache, lengths=jnp.where(live, slot_pos + 1, slot_pos),
                               last_token=jnp.where(live, nxt.tokens, state.last_token))
-    return new_state, StepResult(tokens=nxt.tokens, logprobs=nxt.logprobs,
-                                 fed_expert_ids=out.expert_ids[:, 0], active=live)
+    return new_state, StepResult(tokens=nxt.tokens, logprobs=nxt.logprobs, top_ids=nxt.top_ids,
+                                 top_logprobs=nxt.top_logprobs, fed_expert_ids=out.expert_ids[:, 0], active=live)

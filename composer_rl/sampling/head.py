@@ -68,9 +68,13 @@ class HeadOutput(NamedTuple):
   tokens: jax.Array     # [R] int32 sampled (or scored) token
   logprobs: jax.Array   # [R] fp32 log-prob of that token under the transformed distribution
   entropy: jax.Array    # [R] fp32 entropy of the transformed distribution
+  # [R, K] the K most likely tokens of the transformed distribution and their log-probs
+  # (K = `token_head(top=K)`, 0 by default: what a server returns as `top_logprobs`).
+  top_ids: jax.Array
+  top_logprobs: jax.Array
 
 
-def _head_tile(logits_fn, args):
+def _head_tile(logits_fn, top, args):
   hidden, keys, targets, samp = args
   lp = transformed_logprobs(logits_fn(hidden), samp)
   gumbel = jax.vmap(lambda k: jax.random.gumbel(jax.random.wrap_key_data(k), lp.shape[-1:],
@@ -80,16 +84,23 @@ def _head_tile(logits_fn, args):
   logprob = jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
   p = jnp.exp(lp)
   entropy = -jnp.sum(jnp.where(p > 0, p * lp, 0.0), axis=-1)
-  return HeadOutput(tokens, logprob, entropy)
+  if top:
+    top_lp, top_ids = lax.top_k(lp, top)
+  else:
+    top_lp, top_ids = jnp.zeros(lp.shape[:1] + (0,), F32), jnp.zeros(lp.shape[:1] + (0,),
+                                                                      jnp.int32)
+  return HeadOutput(tokens, logprob, entropy, top_ids.astype(jnp.int32), top_lp)
 
 
 def token_head(logits_fn, hidden: jax.Array, keys: jax.Array, targets: jax.Array,
-               sampling: RowSampling, tile: int) -> HeadOutput:
+               sampling: RowSampling, tile: int, top: int = 0) -> HeadOutput:
   """Runs the head on rows: hidden [R, d], keys [R, 2] uint32, targets [R] (-1 = sample).
 
   `logits_fn` maps [tile, d] hidden states to [tile, V] fp32 logits (`Transformer.logits`).
+  `top` > 0 also returns each row's `top` most likely tokens and their log-probs (read off
+  the same log-probs the token's own comes from).
   """
-  return exact.map_row_tiles(lambda a: _head_tile(logits_fn, a),
+  return exact.map_row_tiles(lambda a: _head_tile(logits_fn, top, a),
                              (hidden, keys, targets.astype(jnp.int32), sampling), tile)
 
 

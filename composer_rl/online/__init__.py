@@ -1,0 +1,1 @@
+"""Online RL: training trajectories from what the served model generated for real users."""

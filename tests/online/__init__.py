@@ -1,0 +1,1 @@
+"""Tests of composer_rl.online."""
