@@ -43,6 +43,7 @@ with feedback none of which contributes gets `RewardSpec.default`.
 import copy
 import dataclasses
 import hashlib
+import json
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -200,7 +201,15 @@ def _trajectory(b: _Branch, reward: float, reward_info: Dict[str, Any],
       finish_reason=b.completions[-1]["finish_reason"],
       metrics={"online": 1.0, "feedback": float(len(b.feedback)),
                "version_lag": float(current_version - _oldest_version(b))},
-      turn_texts=[t if isinstance(t, str) else "" for t in texts])
+      turn_texts=[t if isinstance(t, str) else "" for t in texts],
+      sampling=_sampling(first))
+
+
+def _sampling(c: Dict[str, Any]) -> Dict[str, float]:
+  """The transform a completion was sampled under (what the trainer must score)."""
+  s = c["sampling"]
+  return dict(temperature=float(s["temperature"]), top_k=int(s.get("top_k") or 0),
+              top_p=float(s.get("top_p", 1.0)))
 
 
 def _scan(records_dir: str, stats: Dict[str, int]) -> Tuple[Dict[str, List], List]:
@@ -272,7 +281,8 @@ class OnlineSessionSource:
   stats: counts from the scan -- records (good records read), torn_records_skipped (torn
     or corrupt lines), malformed_records (missing fields), duplicate_records (an id seen
     before), conversations, sessions (branches), kept, dropped_no_consent,
-    dropped_no_feedback, dropped_too_long, dropped_stale, dropped_too_old,
+    dropped_no_feedback, dropped_too_long, dropped_mixed_sampling (turns sampled under
+    different transforms), dropped_stale, dropped_too_old,
     feedback_unmatched. Each dropped session is counted once, under the first of those
     checks (in that order) it fails.
   """
@@ -283,7 +293,8 @@ class OnlineSessionSource:
     stats = dict.fromkeys(
         ["records", "torn_records_skipped", "malformed_records", "duplicate_records",
          "conversations", "sessions", "kept", "dropped_no_consent", "dropped_no_feedback",
-         "dropped_too_long", "dropped_stale", "dropped_too_old", "feedback_unmatched"], 0)
+         "dropped_too_long", "dropped_mixed_sampling", "dropped_stale", "dropped_too_old",
+         "feedback_unmatched"], 0)
     completions, feedback = _scan(records_dir, stats)
     by_conversation = {conv: _branches(cs) for conv, cs in completions.items()}
     stats["feedback_unmatched"] = _join_feedback(by_conversation, feedback)
@@ -313,6 +324,9 @@ class OnlineSessionSource:
       return "dropped_no_feedback"
     if len(b.head) > limits.max_tokens:
       return "dropped_too_long"
+    if len({json.dumps(_sampling(c), sort_keys=True) for c in b.completions}) > 1:
+      # One transform per trained sequence: the trainer scores a row under one setting.
+      return "dropped_mixed_sampling"
     if current_version - _oldest_version(b) > limits.max_age_versions:
       return "dropped_stale"
     oldest = min(c["created"] for c in b.completions)

@@ -56,6 +56,9 @@ class Trajectory:
   task_info: Dict[str, Any] = dataclasses.field(default_factory=dict)
   final_diff: Optional[str] = None
   segments: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+  # {"temperature", "top_k", "top_p"} every sampled token was drawn under, when it is the
+  # session's own (online sessions from the server); None = the experiment's settings.
+  sampling: Optional[Dict[str, float]] = None
 
   @property
   def num_generated(self) -> int:

@@ -62,7 +62,9 @@ def build_batch(records: Sequence[Any], seq_len: int, num_rows: Optional[int] = 
     seq_len: S, the padded length (<= the model's max_seq_len). Longer records raise.
     num_rows: B >= len(records); extra rows are padding (rows_valid 0). Default len(records).
     advantages: per-record advantages (default 0).
-    temperature, top_k, top_p: the sampling transform the records were sampled under.
+    temperature, top_k, top_p: the sampling transform the records were sampled under; a
+      record with its own `sampling` ({"temperature", "top_k", "top_p"}, e.g. an online
+      session served with a client's settings) is scored under that instead.
   """
   n = len(records)
   rows = n if num_rows is None else int(num_rows)
@@ -98,6 +100,12 @@ def build_batch(records: Sequence[Any], seq_len: int, num_rows: Optional[int] = 
   sampling = RowSampling(temperature=np.full((rows,), temperature, np.float32),
                          top_k=np.full((rows,), top_k, np.int32),
                          top_p=np.full((rows,), top_p, np.float32))
+  for i, rec in enumerate(records):
+    own = _get(rec, "sampling")
+    if own:
+      sampling.temperature[i] = own["temperature"]
+      sampling.top_k[i] = own["top_k"]
+      sampling.top_p[i] = own["top_p"]
   return TrainBatch(tokens=tokens, segment_ids=seg, positions=positions, loss_mask=mask,
                     behaviour_logprobs=blp, advantages=adv, rows_valid=valid, versions=ver,
                     sampling=sampling)

@@ -200,3 +200,22 @@ def test_grain_dataset_covers_every_session_once_per_epoch(tmp_path):
   assert [t.task_id for i in range(len(same)) for t in same[i]] == ids
   two_epochs = list(ingest.online_dataset(src, seed=3, batch_size=7).repeat(2))
   assert [sorted(t.task_id for t in b) for b in two_epochs] == [sorted(ids)] * 2
+
+
+def test_sessions_carry_their_sampling_and_the_batch_scores_under_it(tmp_path):
+  """A session keeps the transform its tokens were sampled under and `build_batch` scores
+  its row under that; a session whose turns used different transforms is dropped."""
+  from composer_rl.train.batch import build_batch
+  a = completion("a", "a1", [1, 2], [3, 4])
+  a["sampling"].update(temperature=0.7, top_k=5, top_p=0.9)
+  m1 = completion("m", "m1", [1, 2], [3], created=NOW - 20)
+  m2 = completion("m", "m2", [1, 2, 3, 9], [5], created=NOW - 10)
+  m2["sampling"]["temperature"] = 0.5
+  src = source(tmp_path, [a, m1, m2, feedback("fa", "accepted", conv="a"),
+                          feedback("fm", "accepted", conv="m")])
+  assert len(src) == 1 and src.stats["dropped_mixed_sampling"] == 1
+  t = src[0]
+  assert t.sampling == {"temperature": 0.7, "top_k": 5, "top_p": 0.9}
+  b = build_batch([t, {"tokens": [1, 2, 3], "loss_mask": [0, 1, 1]}], 8, temperature=1.0)
+  assert b.sampling.temperature.tolist() == [np.float32(0.7), 1.0]
+  assert b.sampling.top_k.tolist() == [5, 0] and b.sampling.top_p.tolist() == [np.float32(0.9), 1.0]
