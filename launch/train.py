@@ -39,13 +39,14 @@ def main(argv):
     return
   distributed.initialize(cluster_flags.spec())
   # Imported after the job is joined: nothing may create a JAX backend before that.
-  from composer_rl.controller import ablation, agent_rl, pipeline  # pylint: disable=g-import-not-at-top
+  from composer_rl.controller import ablation, agent_rl, online_rl, pipeline  # pylint: disable=g-import-not-at-top
   from composer_rl.train import trainer  # pylint: disable=g-import-not-at-top
   # config.kind -> what runs it: SFT + RL of an agent in the sandbox (the controller), the
   # pretraining -> SFT -> RL pipeline, the context-compaction ablation (one agent run per
   # arm), or (no kind) an SFT / pretraining / synthetic-RL experiment of the trainer alone.
   kinds = {"agent_rl": agent_rl.run, "pipeline": pipeline.run,
-           "compaction_ablation": ablation.run, "": trainer.train}
+           "compaction_ablation": ablation.run, "online_rl": online_rl.run,
+           "": trainer.train}
   kind = config.get("kind", "")
   if kind not in kinds:
     raise app.UsageError(f"config.kind={kind!r}: choose one of {sorted(kinds)}")

@@ -1,0 +1,233 @@
+"""Online RL from served sessions (issue #11): the server records what users do with the
+policy; the trainer learns from those records and publishes weights the server follows.
+
+`run(config, workdir)` is what `launch/train.py` runs for `kind='online_rl'`
+(`experiments/online_rl.py`):
+
+  1. SFT on demonstrations of the question-answer tasks (`composer_rl.online.tasks`), mostly
+     verbose: the policy starts correct but wordy.
+  2. The policy is published (`composer_rl.sync`, version 0) and served by the
+     OpenAI-compatible server in this process (`composer_rl.serving`), which records every
+     completion and feedback durably and follows each newly published version.
+  3. Held-out preference rate *before*: the scripted user (a separate process with the
+     official `openai` client, `online/scripted_user.py`) asks every held-out task greedily,
+     without consent to training, and counts the replies it would accept.
+  4. The scripted user works through the train tasks at temperature 1 and gives feedback
+     (accepted only when the answer is concise and correct) while the trainer, step after
+     step, ingests the records (`composer_rl.online.ingest`: sessions joined with feedback,
+     rewards from `online.reward_weights`, consent / length / staleness limits), trains on
+     the sessions it has not consumed (optionally mixed with simulated rollouts of the same
+     tasks, `online.sim_fraction`), with the off-policy correction of the loss (importance
+     ratio against the recorded behaviour log-probs), and publishes the new weights.
+  5. Held-out preference rate *after*, as in 3, once the server serves the last version.
+
+The last stdout line is a JSON summary with `preference_rate_before` / `_after`.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import jax
+import numpy as np
+from flax import nnx
+
+from composer_rl.controller.metrics import MetricsWriter
+from composer_rl.data.byte_tokenizer import ByteTokenizer
+from composer_rl.model import Transformer, inference_copy, sharding
+from composer_rl.online import ingest, tasks as tasks_lib
+from composer_rl.online.scripted_user import __file__ as USER_SCRIPT
+from composer_rl.rollout.chat import ChatFormat
+from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
+from composer_rl.sampling.engine import Engine
+from composer_rl.serving import service as service_lib
+from composer_rl.serving.threaded import ThreadedServer
+from composer_rl.sync.publisher import WeightPublisher
+from composer_rl.train import advantages as adv_lib
+from composer_rl.train import losses
+from composer_rl.train.batch import build_batch
+from composer_rl.train.optimizer import OptimizerConfig
+from composer_rl.train.sft import make_sft_step
+from composer_rl.train.train_step import TrainConfig, make_train_step
+
+
+def demonstrations(config, chat: ChatFormat, system: str) -> List[Dict]:
+  """SFT rows: (system, task) prompt, then the demonstrated answer (the only loss)."""
+  c = config.sft
+  rows = []
+  for i in range(c.num_demos):
+    t = tasks_lib.answer_task("train", i, config.tasks.seed)
+    reply = tasks_lib.demo_answer(t, c.verbose_share, config.tasks.seed)
+    prompt = chat.start(system, t.prompt)
+    out = chat.tok.encode(reply) + [chat.end_of_turn]
+    rows.append(dict(tokens=prompt + out, loss_mask=[0] * len(prompt) + [1] * len(out)))
+  return rows
+
+
+def sft_stage(config, mc, mesh, chat: ChatFormat, system: str, metrics: MetricsWriter):
+  c = config.sft
+  step = make_sft_step(mc, OptimizerConfig(learning_rate=c.learning_rate,
+                                           warmup_steps=c.warmup_steps, total_steps=c.steps),
+                       mesh)
+  state = step.init_state(config.seed)
+  rows = demonstrations(config, chat, system)
+  rng = np.random.default_rng(config.seed)
+  for k in range(c.steps):
+    pick = rng.choice(len(rows), c.batch_size, replace=False)
+    batch = build_batch([rows[i] for i in pick], mc.max_seq_len,
+                        num_rows=-(-c.batch_size // step.num_shards) * step.num_shards)
+    state, m = step.step(state, step.shard_batch(batch))
+    if k % c.log_every == 0 or k == c.steps - 1:
+      metrics.write(k, {n: float(v) for n, v in jax.device_get(m).items()}, phase="sft")
+  return state.params
+
+
+def _user(base_url: str, model: str, tasks_path: str, out: str, **flags) -> subprocess.Popen:
+  args = [sys.executable, USER_SCRIPT, f"--base_url={base_url}", f"--model={model}",
+          f"--tasks={tasks_path}", f"--out={out}"]
+  args += [f"--{k}={v}" for k, v in flags.items()]
+  return subprocess.Popen(args)
+
+
+def preference_rate(server: ThreadedServer, model: str, workdir: str, tag: str, num: int,
+                    seed: int) -> float:
+  """Held-out replies (greedy, no consent, no feedback) the scripted user accepts."""
+  path = os.path.join(workdir, "heldout_tasks.jsonl")
+  tasks_lib.write_tasks(path, [tasks_lib.answer_task("heldout", i, seed) for i in range(num)])
+  out = os.path.join(workdir, f"eval_{tag}.jsonl")
+  if os.path.exists(out):
+    os.remove(out)
+  rc = _user(server.base_url, model, path, out, temperature=0.0, feedback=0,
+             consent="false", tag=f"eval-{tag}-").wait()
+  if rc != 0:
+    raise RuntimeError(f"the scripted user failed (exit {rc}) in evaluation {tag}")
+  with open(out) as f:
+    rows = [json.loads(line) for line in f]
+  return float(np.mean([r["accepted"] for r in rows]))
+
+
+def _simulated(config, engine: Engine, chat, system, params, mc, count: int, step: int):
+  """`count` simulated sessions (groups of `online.sim_group_size`) of train tasks."""
+  c, g = config.online, config.online.sim_group_size
+  runner = RolloutRunner(engine, chat, RolloutConfig(
+      system_prompt=system, max_turns=1, max_turn_tokens=config.online.max_tokens,
+      temperature=c.temperature, seed=config.seed + 1000 + step),
+      engine.place(inference_copy(params, mc)), version=step)
+  jobs = []
+  for k in range(-(-count // g)):
+    task = tasks_lib.answer_task("train", (step * 7919 + k) % 100_000, config.tasks.seed)
+    jobs += [(task.id, 10**6 + step * 1000 + k, tasks_lib.AnswerEnv(task)) for _ in range(g)]
+  return runner.run(jobs[:count])
+
+
+def run(config, workdir: str) -> Dict:
+  os.makedirs(workdir, exist_ok=True)
+  t_start = time.time()
+  c = config.online
+  tok = ByteTokenizer()
+  chat = ChatFormat(tok)
+  mc = service_lib.model_config_of(config, tok)
+  mesh = sharding.make_mesh({"data": -1})
+  metrics = MetricsWriter(workdir)
+  settings = service_lib.ServeSettings.from_config(config, "online_rl")
+  system = settings.system_prompt
+  model = settings.model_name
+
+  sft_params = sft_stage(config, mc, mesh, chat, system, metrics)
+  step = make_train_step(mc, TrainConfig(
+      optimizer=OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=0,
+                                total_steps=max(c.steps, 1), end_lr_ratio=1.0),
+      loss=losses.LossConfig(policy_loss=c.policy_loss, clip_eps_low=c.clip_eps,
+                             clip_eps_high=c.clip_eps_high)), mesh)
+  state = step.init_state(config.seed, params=sft_params)
+  publisher = WeightPublisher(os.path.join(workdir, "weights"), anchor_every=c.anchor_every)
+  publish = lambda p: publisher.publish(inference_copy(p, mc))["version"]
+  version = publish(state.params)
+  records_dir = os.path.join(workdir, "records")
+  service = service_lib.build_service(config, weights_dir=os.path.join(workdir, "weights"),
+                                      records_dir=records_dir, model_name=model,
+                                      settings=settings)
+  server = ThreadedServer(service)
+  sim_engine = Engine(nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0))),
+                      slots=8) if c.sim_fraction > 0 else None
+  try:
+    before = preference_rate(server, model, workdir, "before", config.eval.num_heldout,
+                             config.tasks.seed)
+    print(f"composer_rl online: held-out preference rate before {before:.3f}", flush=True)
+    train_path = os.path.join(workdir, "train_tasks.jsonl")
+    tasks_lib.write_tasks(train_path, [tasks_lib.answer_task("train", i, config.tasks.seed)
+                                       for i in range(c.num_train_tasks)])
+    stop_file = os.path.join(workdir, "user_stop")
+    if os.path.exists(stop_file):
+      os.remove(stop_file)
+    user = _user(server.base_url, model, train_path, os.path.join(workdir, "user_train.jsonl"),
+                 temperature=c.temperature, feedback=1, consent="true", workers=c.user_workers,
+                 stop_file=stop_file, max_tokens=c.max_tokens, tag="train-")
+    spec = ingest.RewardSpec(weights=dict(c.reward_weights), default=0.0)
+    limits = ingest.IngestLimits(require_consent=True, max_tokens=mc.max_seq_len,
+                                 max_age_versions=c.max_online_staleness)
+    consumed = set()
+    n_sim = int(round(c.batch_size * c.sim_fraction))
+    n_online = c.batch_size - n_sim
+    for k in range(c.steps):
+      t0 = time.time()
+      while True:  # the trainer waits only for enough fresh sessions
+        src = ingest.OnlineSessionSource(records_dir, spec, limits, current_version=version)
+        fresh = [src[i] for i in range(len(src)) if src[i].session_id not in consumed]
+        if len(fresh) >= n_online:
+          break
+        if user.poll() is not None:
+          raise RuntimeError(f"the scripted user exited ({user.returncode}) during training")
+        time.sleep(0.2)
+      wait_s = time.time() - t0
+      # The newest sessions: the least stale (older ones age out by max_online_staleness).
+      online = fresh[-n_online:]
+      consumed.update(t.session_id for t in online)
+      sim = _simulated(config, sim_engine, chat, system, state.params, mc, n_sim, k) if n_sim else []
+      trajs = online + sim
+      rewards = np.asarray([t.reward for t in trajs], np.float32)
+      # Online sessions share one baseline (their batch); simulated ones their own groups.
+      gids = np.asarray([-1 if t.metrics.get("online") else t.group_id for t in trajs])
+      adv = np.asarray(adv_lib.compute_advantages(c.advantage, rewards, gids))
+      rows = -(-len(trajs) // step.num_shards) * step.num_shards
+      batch = build_batch(trajs, mc.max_seq_len, num_rows=rows, advantages=adv,
+                          temperature=c.temperature)
+      state, m = step.step(state, step.shard_batch(batch))
+      version = publish(state.params)
+      out = {n: float(v) for n, v in jax.device_get(m).items()}
+      out.update(
+          accepted_rate_online=float(np.mean([t.reward > 0 for t in online])),
+          reward_online=float(np.mean([t.reward for t in online])),
+          reward_sim=float(np.mean([t.reward for t in sim])) if sim else 0.0,
+          version_lag_mean=float(np.mean([t.metrics["version_lag"] for t in online])),
+          version_lag_max=float(max(t.metrics["version_lag"] for t in online)),
+          wait_seconds=wait_s, step_seconds=time.time() - t0,
+          **{f"ingest_{n}": float(v) for n, v in src.stats.items()})
+      metrics.write(k, out, phase="online")
+      print(f"composer_rl online: step {k} accepted {out['accepted_rate_online']:.2f} "
+            f"lag {out['version_lag_mean']:.1f} wait {wait_s:.1f}s", flush=True)
+    open(stop_file, "w").close()
+    if user.wait(timeout=600) != 0:
+      raise RuntimeError(f"the scripted user failed (exit {user.returncode})")
+    t0 = time.time()
+    while service.generator.version != version:  # the server follows the last version
+      if time.time() - t0 > 120:
+        raise RuntimeError(f"the server did not follow weights version {version}")
+      time.sleep(0.2)
+    after = preference_rate(server, model, workdir, "after", config.eval.num_heldout,
+                            config.tasks.seed)
+  finally:
+    server.stop()
+    service.close()
+    metrics.close()
+  summary = dict(seed=config.seed, steps=c.steps, batch_size=c.batch_size,
+                 sim_fraction=c.sim_fraction, preference_rate_before=before,
+                 preference_rate_after=after, final_version=version,
+                 sessions_consumed=len(consumed), heldout=config.eval.num_heldout,
+                 total_seconds=time.time() - t_start)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f)
+  print(json.dumps(summary), flush=True)
+  return summary

@@ -1,0 +1,689 @@
+"""`ServingService`: the model behind the OpenAI-compatible server, without HTTP.
+
+It owns the `Generator` (continuous batching over the exact engine), the `ChatTemplate`
+(OpenAI messages <-> the training token layout), the `RecordLog` (durable session records)
+and, with a weights directory, a follower thread that serves each newly published weight
+version without a restart. `composer_rl.serving.app` turns HTTP requests into calls here:
+
+  job = service.prepare_chat(request, ctx)       # render, check lengths, conversation id
+  futures = service.submit(job, on_token)        # one future per prompt (n choices each)
+  done = service.complete(job, results)          # parse tool calls, remember ids, RECORD
+  done.chat_response() / done.completion_response()
+
+`complete` appends one record per choice and returns only once they are on stable storage,
+so a response (or a stream's final event) is never sent for a completion that is not
+recorded. Record format: `composer_rl.serving.records`.
+
+Conversation ids: the `X-Conversation-Id` header when given; otherwise, for chat, a hash
+of the rendered conversation up to and including its first user message (with the
+system prompt and tools): every turn of one agent session shares it. For /v1/completions,
+a hash of the whole prompt.
+
+`build_service(config, ...)` builds everything from an experiment config: the model of
+`config.model` (byte tokenizer), its weights freshly initialized with `config.seed`, or the
+params of an Orbax train checkpoint (`--checkpoint`), or the newest version published under
+`--weights_dir` (`composer_rl.sync`), and the settings of `config.serve` (`ServeSettings`).
+"""
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from absl import logging
+
+from composer_rl.env import tool_call_format
+from composer_rl.serving import protocol
+from composer_rl.serving.chat_template import ChatTemplate
+from composer_rl.serving.generator import (Choice, Generator, QueueFullError, SamplingParams,
+                                           TokenEvent)
+from composer_rl.serving.protocol import OpenAIError
+from composer_rl.serving.records import RecordLog, float_bits
+
+
+# ---- settings ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class ServeSettings:
+  """`config.serve` (every field optional there; these are the defaults).
+
+  model_name: the id clients pass as `model` ('' = the config file's stem).
+  slots / prefill_chunk: the engine's decode slots and prompt tokens per prefill call.
+  top_logprobs: alternatives the engine computes for every token (the API allows <= 20).
+  max_waiting: completions that may wait for a slot before requests get 429.
+  default_max_tokens: completion budget of a request without max_tokens (capped to the
+    room the context leaves).
+  max_n / max_prompts: choices per request / prompts per /v1/completions request.
+  max_body_bytes: request bodies above this get 413.
+  rate_limit_per_minute / rate_limit_burst: token bucket per API key (per client address
+    without keys); 0 = no limit; burst 0 = one minute's worth.
+  system_prompt: the system message of a chat request that has none.
+  records_dir: where records go ('' = the --records_dir flag, else <workdir>/records).
+  record_file_bytes: a record file is closed and a new one started past this size.
+  poll_s: how often the weight follower looks for a new version.
+  warmup: compile the engine's programs before accepting requests.
+  graceful_shutdown_s: on SIGTERM, how long in-flight requests may take to finish.
+  """
+  model_name: str = ""
+  slots: int = 8
+  prefill_chunk: int = 64
+  top_logprobs: int = 20
+  max_waiting: int = 256
+  default_max_tokens: int = 512
+  max_n: int = 8
+  max_prompts: int = 16
+  max_body_bytes: int = 4 << 20
+  rate_limit_per_minute: float = 600.0
+  rate_limit_burst: float = 0.0
+  system_prompt: str = ""
+  records_dir: str = ""
+  record_file_bytes: int = 64 << 20
+  poll_s: float = 2.0
+  warmup: bool = True
+  graceful_shutdown_s: float = 60.0
+
+  @classmethod
+  def from_config(cls, config, default_name: str = "") -> "ServeSettings":
+    section = dict(config.get("serve", None) or {}) if hasattr(config, "get") else {}
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(section) - known)
+    if unknown:
+      raise ValueError(f"config.serve: unknown field(s) {unknown}; known: {sorted(known)}")
+    s = cls(**section)
+    if not s.model_name:
+      s.model_name = default_name or "composer_rl"
+    env = config.get("env", None) if hasattr(config, "get") else None
+    if not s.system_prompt and env is not None and env.get("system_prompt", ""):
+      s.system_prompt = str(env.get("system_prompt"))  # served sessions look like training's
+    s.validate()
+    return s
+
+  def validate(self) -> None:
+    for name in ("slots", "prefill_chunk", "max_waiting", "default_max_tokens", "max_n",
+                 "max_prompts", "max_body_bytes", "record_file_bytes"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"config.serve.{name} must be >= 1, got {getattr(self, name)}")
+    if not 0 <= self.top_logprobs <= 20:
+      raise ValueError(f"config.serve.top_logprobs must be in [0, 20], got {self.top_logprobs}")
+    if self.rate_limit_per_minute < 0 or self.rate_limit_burst < 0:
+      raise ValueError("config.serve.rate_limit_* must be >= 0")
+    if self.poll_s <= 0:
+      raise ValueError(f"config.serve.poll_s must be > 0, got {self.poll_s}")
+
+
+# ---- jobs -------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RequestContext:
+  """Who asked: the API key's id (None without keys), the conversation header, consent."""
+  key_id: Optional[str] = None
+  conversation_id: Optional[str] = None
+  consent: Optional[bool] = None
+
+
+@dataclasses.dataclass
+class Job:
+  """A validated request ready for the generator."""
+  endpoint: str                       # "chat" | "completions"
+  completion_id: str
+  created: float
+  model: str
+  prompts: List[List[int]]            # token ids of each prompt (one for chat)
+  sampling: protocol.Sampling
+  params: SamplingParams              # what the generator samples with (n = sampling.n)
+  conversation_ids: List[str]         # one per prompt
+  ctx: RequestContext
+  request: Any                        # ChatRequest | CompletionRequest
+  futures: List[cf.Future] = dataclasses.field(default_factory=list)
+
+  @property
+  def stream(self) -> bool:
+    return bool(self.request.stream)
+
+  @property
+  def n(self) -> int:
+    return self.sampling.n
+
+  @property
+  def parse_tools(self) -> bool:
+    return self.endpoint == "chat" and self.request.parse_tools
+
+
+@dataclasses.dataclass
+class FinishedChoice:
+  index: int                    # index in the response (prompt * n + choice)
+  choice: Choice
+  content: Optional[str]        # chat: the message content; completions: the text
+  tool_calls: List[Dict]
+  finish_reason: str            # "stop" | "length" | "tool_calls"
+  message: Optional[Dict]       # chat: the assistant message returned
+
+
+@dataclasses.dataclass
+class Finished:
+  job: Job
+  choices: List[FinishedChoice]
+  prompt_tokens: int
+  completion_tokens: int
+  service: "ServingService"
+
+  def usage(self) -> Dict[str, int]:
+    return protocol.usage(self.prompt_tokens, self.completion_tokens)
+
+  @property
+  def fingerprint(self) -> str:
+    """`system_fingerprint`: the weight version(s) that sampled the choices."""
+    versions = sorted({fc.choice.version for fc in self.choices})
+    return "fp_v" + "-".join(str(v) for v in versions)
+
+  def chat_response(self) -> Dict[str, Any]:
+    job, svc = self.job, self.service
+    out = []
+    for fc in self.choices:
+      lp = None
+      if job.sampling.logprobs:
+        c = fc.choice
+        lp = protocol.chat_logprobs(c.token_ids, c.logprobs, c.top_logprobs,
+                                    job.sampling.top_logprobs, svc.template.token_text,
+                                    svc.template.token_bytes)
+      out.append(protocol.chat_choice(fc.index, fc.message, fc.finish_reason, lp))
+    return protocol.chat_completion(job.completion_id, int(job.created), job.model, out,
+                                    self.usage(), self.fingerprint)
+
+  def completion_response(self) -> Dict[str, Any]:
+    job, svc = self.job, self.service
+    out = []
+    for fc in self.choices:
+      lp = None
+      if job.sampling.logprobs:
+        c = fc.choice
+        lp = protocol.completion_logprobs(c.token_ids, c.logprobs, c.top_logprobs,
+                                          job.sampling.top_logprobs, svc.template.token_text)
+      out.append(protocol.text_choice(fc.index, fc.content or "", fc.finish_reason, lp))
+    return protocol.text_completion(job.completion_id, int(job.created), job.model, out,
+                                    self.usage(), self.fingerprint)
+
+
+# ---- streaming helper -------------------------------------------------------------------
+
+TOOL_TAGS = (tool_call_format.FULL_OPEN, tool_call_format.COMPACT_OPEN)
+
+
+class ContentStream:
+  """Decides how much of a choice's final text (the generator's `text_delta`s) may be
+  streamed as `content` when the request offered tools: everything before a tool call's
+  opening tag, holding back a tail that could still become one. What was streamed is what
+  the client will send back, so it is what the returned message's content is."""
+
+  def __init__(self, parse_tools: bool):
+    self.parse_tools = parse_tools
+    self.text = ""
+    self.sent = 0
+
+  def feed(self, delta: str) -> str:
+    self.text += delta
+    if not self.parse_tools:
+      end = len(self.text)
+    else:
+      starts = [self.text.find(t, self.sent) for t in TOOL_TAGS]
+      starts = [p for p in starts if p >= 0]
+      if starts:
+        end = min(starts)
+      else:
+        end = len(self.text)
+        for t in TOOL_TAGS:  # a suffix that is a prefix of a tag may still become one
+          for k in range(min(len(t) - 1, len(self.text)), 0, -1):
+            if self.text.endswith(t[:k]):
+              end = min(end, len(self.text) - k)
+              break
+      end = max(end, self.sent)
+    out, self.sent = self.text[self.sent:end], max(end, self.sent)
+    return out
+
+  @property
+  def streamed(self) -> str:
+    return self.text[:self.sent]
+
+
+# ---- the service ------------------------------------------------------------------------
+
+def _new_id(prefix: str) -> str:
+  return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def _hash_ids(kind: str, ids: Sequence[int]) -> str:
+  h = hashlib.sha256(kind.encode() + b"\0" + json.dumps(list(ids)).encode()).hexdigest()
+  return f"conv-{h[:32]}"
+
+
+class ServingService:
+  """See the module docstring. `model_created`: unix time reported by /v1/models."""
+
+  def __init__(self, generator: Generator, template: ChatTemplate, records: RecordLog,
+               settings: ServeSettings, tokenizer, follower: Optional["WeightFollower"] = None):
+    self.generator, self.template, self.records = generator, template, records
+    self.settings, self.tok = settings, tokenizer
+    self.model_name = settings.model_name
+    self.model_created = int(time.time())
+    self.follower = follower
+    self._conv_of: "OrderedDict[str, str]" = OrderedDict()  # completion id -> conversation
+    self._conv_lock = threading.Lock()
+    self._closed = False
+    self.counters = dict(requests=0, records=0, feedback=0)
+
+  # ---- info ----------------------------------------------------------------------------
+  @property
+  def fingerprint(self) -> str:
+    """The version served now (a stream's chunks; a finished response reports the version
+    that sampled it, and the record's policy_version is authoritative)."""
+    return f"fp_v{self.generator.version}"
+
+  @property
+  def max_top_logprobs(self) -> int:
+    return min(20, self.generator.max_top_logprobs)
+
+  def models(self) -> Dict[str, Any]:
+    return protocol.model_list([protocol.model_card(self.model_name, self.model_created)])
+
+  def model(self, name: str) -> Dict[str, Any]:
+    self.check_model(name)
+    return protocol.model_card(self.model_name, self.model_created)
+
+  def check_model(self, name: str) -> None:
+    if name != self.model_name:
+      raise protocol.model_not_found(name)
+
+  def health(self) -> Dict[str, Any]:
+    stats = getattr(self.generator, "stats", {})
+    return {"status": "ok", "model": self.model_name,
+            "policy_version": self.generator.version,
+            "completions": int(stats.get("completions", 0)),
+            "generated_tokens": int(stats.get("generated_tokens", 0))}
+
+  # ---- requests ------------------------------------------------------------------------
+  def parse_chat(self, body: Any) -> protocol.ChatRequest:
+    req = protocol.parse_chat_request(body, max_n=self.settings.max_n,
+                                      max_top_logprobs=self.max_top_logprobs)
+    self.check_model(req.model)
+    return req
+
+  def parse_completion(self, body: Any) -> protocol.CompletionRequest:
+    req = protocol.parse_completion_request(
+        body, vocab_size=self.tok.vocab_size, max_n=self.settings.max_n,
+        max_top_logprobs=min(5, self.max_top_logprobs), max_prompts=self.settings.max_prompts)
+    self.check_model(req.model)
+    return req
+
+  def _budget(self, s: protocol.Sampling, prompt_len: int, param: str) -> int:
+    """max_tokens for a prompt, or a 400 when the context cannot hold the request."""
+    ctx = self.generator.max_seq_len
+    room = ctx - 1 - prompt_len  # what the generator can sample after this prompt
+    if room < 1:
+      raise protocol.context_length_exceeded(ctx, prompt_len, None, param)
+    if s.max_tokens is None:
+      return min(self.settings.default_max_tokens, room)
+    if s.max_tokens > room:
+      raise protocol.context_length_exceeded(ctx - 1, prompt_len, s.max_tokens, param)
+    return s.max_tokens
+
+  def _params(self, s: protocol.Sampling, budget: int) -> SamplingParams:
+    temperature, top_k, top_p = s.engine_settings()
+    # A request without a seed gets one here, so that its record can be replayed.
+    seed = s.seed if s.seed is not None else random.getrandbits(31)
+    return SamplingParams(max_tokens=budget, temperature=temperature, top_p=top_p,
+                          top_k=top_k, seed=seed, stop=s.stop, n=s.n,
+                          top_logprobs=s.top_logprobs if s.logprobs else 0)
+
+  def _conversation_id(self, ctx: RequestContext, messages, tools, prompt) -> str:
+    if ctx.conversation_id:
+      return ctx.conversation_id
+    if messages is not None:
+      first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+      if first_user is not None:
+        try:
+          return _hash_ids("chat", self.template.render(messages[:first_user + 1], tools))
+        except ValueError:
+          pass
+    return _hash_ids("prompt", prompt)
+
+  def prepare_chat(self, req: protocol.ChatRequest, ctx: RequestContext) -> Job:
+    try:
+      prompt = self.template.render(req.messages, req.tools)
+    except ValueError as e:
+      raise protocol.bad_request(str(e), "messages") from None
+    budget = self._budget(req.sampling, len(prompt), "messages")
+    conv = self._conversation_id(ctx, req.messages, req.tools, prompt)
+    return Job(endpoint="chat", completion_id=_new_id("chatcmpl"), created=time.time(),
+               model=self.model_name, prompts=[prompt], sampling=req.sampling,
+               params=self._params(req.sampling, budget), conversation_ids=[conv], ctx=ctx,
+               request=req)
+
+  def prepare_completion(self, req: protocol.CompletionRequest, ctx: RequestContext) -> Job:
+    prompts = []
+    for p in req.prompts:
+      ids = self.template.render_text(p) if isinstance(p, str) else [int(x) for x in p]
+      prompts.append(ids)
+    budgets = [self._budget(req.sampling, len(p), "prompt") for p in prompts]
+    convs = [self._conversation_id(ctx, None, None, p) for p in prompts]
+    # One budget for every prompt of a request keeps the request's settings one record.
+    return Job(endpoint="completions", completion_id=_new_id("cmpl"), created=time.time(),
+               model=self.model_name, prompts=prompts, sampling=req.sampling,
+               params=self._params(req.sampling, min(budgets)), conversation_ids=convs,
+               ctx=ctx, request=req)
+
+  def submit(self, job: Job,
+             on_token: Optional[Callable[[int, TokenEvent], None]] = None) -> List[cf.Future]:
+    """Queues the job's completions; `on_token(prompt_index, event)` streams tokens (from
+    the engine thread). Maps the generator's refusals to OpenAI errors."""
+    if self._closed:
+      raise protocol.overloaded("the server is shutting down")
+    self.counters["requests"] += 1
+    futures = []
+    try:
+      for k, prompt in enumerate(job.prompts):
+        cb = None if on_token is None else (lambda ev, k=k: on_token(k, ev))
+        futures.append(self.generator.submit(prompt, job.params, cb))
+    except QueueFullError as e:
+      self.cancel(futures)
+      raise OpenAIError(429, f"The server is at capacity ({e}); retry shortly.",
+                        "server_error", None, "server_overloaded",
+                        headers={"Retry-After": "1"}) from None
+    except ValueError as e:
+      self.cancel(futures)
+      raise protocol.bad_request(str(e), "messages" if job.endpoint == "chat" else "prompt",
+                                 "context_length_exceeded" if "context" in str(e) else None
+                                 ) from None
+    except RuntimeError as e:  # closed
+      self.cancel(futures)
+      raise protocol.overloaded(f"the server is shutting down ({e})") from None
+    job.futures = futures
+    return futures
+
+  def cancel(self, futures: Sequence[cf.Future]) -> None:
+    for f in futures:
+      if not f.done():
+        self.generator.cancel(f)
+
+  def complete(self, job: Job, results: List[List[Choice]],
+               streamed: Optional[Dict[int, str]] = None) -> Finished:
+    """Parses, remembers and durably records every choice; blocking (fsync). `streamed`:
+    for a stream, the content text each choice index already sent (the message content
+    the client will hold)."""
+    out: List[FinishedChoice] = []
+    for k, choices in enumerate(results):
+      for c in choices:
+        index = k * job.n + c.index
+        if job.endpoint == "chat":
+          content, calls = (self.template.parse(c.text, job.request.tools)
+                            if job.parse_tools else (c.text, []))
+          if streamed is not None and calls:
+            content = streamed.get(index) or None
+          elif streamed is not None:
+            content = c.text
+          reason = "tool_calls" if calls else c.finish_reason
+          message = protocol.assistant_message(content, calls)
+          self.template.remember(c.token_ids, message)
+          out.append(FinishedChoice(index, c, content, calls, reason, message))
+        else:
+          out.append(FinishedChoice(index, c, c.text, [], c.finish_reason, None))
+    prompt_tokens = sum(len(p) for p in job.prompts)
+    done = Finished(job=job, choices=out, prompt_tokens=prompt_tokens,
+                    completion_tokens=sum(len(fc.choice.token_ids) for fc in out),
+                    service=self)
+    self._record(done)
+    return done
+
+  def _record(self, done: Finished) -> None:
+    job = done.job
+    p = job.params
+    sampling = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
+                "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop)}
+    for fc in done.choices:
+      k = fc.index // job.n
+      c = fc.choice
+      rec = {
+          "kind": "completion", "id": f"{job.completion_id}:{fc.index}",
+          "completion_id": job.completion_id, "choice": fc.index,
+          "conversation_id": job.conversation_ids[k], "created": job.created,
+          "model": job.model, "prompt_ids": list(job.prompts[k]),
+          "completion_ids": [int(t) for t in c.token_ids],
+          "logprobs_bits": float_bits(c.logprobs), "policy_version": int(c.version),
+          "sampling": sampling, "finish_reason": fc.finish_reason,
+          "timings": {**{k2: float(v) for k2, v in c.timings.items()},
+                      "recorded_at": time.time()},
+          "consent": job.ctx.consent, "key_id": job.ctx.key_id, "endpoint": job.endpoint,
+      }
+      if job.endpoint == "chat":
+        rec["messages"] = job.request.messages
+        rec["tools"] = job.request.tools
+        rec["response"] = fc.message
+      else:
+        prompt = job.request.prompts[k]
+        rec["messages"] = None
+        rec["prompt"] = prompt if isinstance(prompt, str) else None
+        rec["response"] = {"text": fc.content}
+      self.records.append(rec)
+      self.counters["records"] += 1
+    with self._conv_lock:
+      self._conv_of[job.completion_id] = job.conversation_ids[0]
+      while len(self._conv_of) > 100_000:
+        self._conv_of.popitem(last=False)
+
+  # ---- feedback ------------------------------------------------------------------------
+  def feedback(self, body: Any, ctx: RequestContext) -> Dict[str, Any]:
+    """Validates and durably records a /v1/feedback call (blocking)."""
+    fb = protocol.parse_feedback(body, ctx.conversation_id)
+    conv = fb.conversation_id
+    if conv is None and fb.completion_id:
+      with self._conv_lock:
+        conv = self._conv_of.get(fb.completion_id.split(":")[0])
+    rec = {"kind": "feedback", "id": _new_id("fb"), "created": time.time(),
+           "conversation_id": conv, "completion_id": fb.completion_id, "signal": fb.signal,
+           "value": fb.value, "text": fb.text, "consent": ctx.consent, "key_id": ctx.key_id}
+    self.records.append(rec)
+    self.counters["feedback"] += 1
+    return {"id": rec["id"], "object": "feedback", "created": int(rec["created"]),
+            "conversation_id": conv, "completion_id": fb.completion_id,
+            "signal": fb.signal, "recorded": True}
+
+  # ---- lifecycle -----------------------------------------------------------------------
+  def warmup(self) -> None:
+    """Compiles the engine's programs (one prefill chunk, a decode step) before serving."""
+    sp = SamplingParams(max_tokens=2, seed=0)
+    self.generator.submit([self.tok.BOS, self.tok.SYS], sp).result()
+
+  def close(self) -> None:
+    """Stops following weights, finishes queued completions, closes the record log."""
+    if self._closed:
+      return
+    self._closed = True
+    if self.follower is not None:
+      self.follower.stop()
+    self.generator.close()
+    self.records.close()
+
+
+# ---- weight follower --------------------------------------------------------------------
+
+class WeightFollower:
+  """Polls a published-weights root every `poll_s` and hands each new verified version
+  to the generator (which switches between completions, never inside one)."""
+
+  def __init__(self, subscriber, generator: Generator, place: Callable, poll_s: float):
+    self.sub, self.generator, self.place, self.poll_s = subscriber, generator, place, poll_s
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="weight-follower", daemon=True)
+    self.errors = 0
+
+  def start(self) -> "WeightFollower":
+    self._thread.start()
+    return self
+
+  def poll_once(self) -> Optional[int]:
+    v = self.sub.poll()
+    if v is not None:
+      self.generator.set_params(self.place(self.sub.snapshot()), self.sub.version)
+      logging.warning("serve: following weights version %d", self.sub.version)
+    return v
+
+  def _run(self) -> None:
+    while not self._stop.wait(self.poll_s):
+      try:
+        self.poll_once()
+      except Exception as e:  # pylint: disable=broad-except  (keep serving the old weights)
+        self.errors += 1
+        logging.warning("serve: weight follower: %s: %s", type(e).__name__, e)
+
+  def stop(self) -> None:
+    self._stop.set()
+    if self._thread.is_alive():
+      self._thread.join(timeout=30)
+
+
+# ---- building from a config -------------------------------------------------------------
+
+def _checkpoint_steps(path: str) -> Tuple[str, List[int]]:
+  """(the CheckpointManager directory, its steps newest first) for a workdir, a checkpoints
+  directory, or one step directory."""
+  path = os.path.abspath(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"--checkpoint: no directory {path}")
+  if os.path.isdir(os.path.join(path, "state")):  # one step folder
+    base, name = os.path.split(path)
+    if name.isdigit():
+      return base, [int(name)]
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    path = os.path.join(path, "checkpoints")
+  steps = sorted((int(n) for n in os.listdir(path)
+                  if n.isdigit() and os.path.isdir(os.path.join(path, n, "state"))),
+                 reverse=True)
+  if not steps:
+    raise FileNotFoundError(f"--checkpoint: no train checkpoint (step folders with a "
+                            f"'state' item) under {path}")
+  return path, steps
+
+
+def restore_params(checkpoint: str, model_config, sharding=None) -> Tuple[Any, int]:
+  """(params, step) of the newest readable train checkpoint under `checkpoint`.
+
+  Only `state.params` is read (an Orbax partial restore into the model's abstract
+  parameters), whatever optimizer or train step wrote the checkpoint; a step whose `meta`
+  item is missing or inconsistent (a partial save) or whose params do not restore is
+  reported and skipped. A shape or dtype mismatch with `config.model` names the leaf."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from composer_rl.model import Transformer  # pylint: disable=g-import-not-at-top
+  base, steps = _checkpoint_steps(checkpoint)
+  abstract = nnx.to_pure_dict(nnx.split(nnx.eval_shape(
+      lambda: Transformer(model_config, rngs=nnx.Rngs(0))))[1])
+  sh = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = {"params": jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract)}
+  errors = []
+  for step in steps:
+    where = os.path.join(base, str(step))
+    try:
+      meta_path = os.path.join(where, "meta", "metadata")
+      with open(meta_path) as f:
+        meta = json.load(f)
+      if int(meta.get("step", -1)) != step:
+        raise ValueError("missing or inconsistent meta item (partial checkpoint)")
+      with ocp.PyTreeCheckpointer() as ckpt:
+        got = ckpt.restore(os.path.join(where, "state"), args=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True))
+      params = got["params"]
+      want = jax.tree.map(lambda s: (tuple(s.shape), str(s.dtype)), abstract)
+      have = jax.tree.map(lambda a: (tuple(a.shape), str(a.dtype)), params)
+      if want != have:
+        raise ValueError("checkpoint params do not match config.model")
+      return params, step
+    except Exception as e:  # pylint: disable=broad-except
+      first = str(e).splitlines()[0] if str(e) else ""
+      msg = f"skipping checkpoint step {step} at {where}: {type(e).__name__}: {first}"
+      print(f"composer_rl serve: {msg}", file=sys.stderr, flush=True)
+      errors.append(msg)
+  raise FileNotFoundError(f"no readable train checkpoint under {checkpoint}: "
+                          + "; ".join(errors))
+
+
+def model_config_of(config, tokenizer):
+  from composer_rl.model import ModelConfig  # pylint: disable=g-import-not-at-top
+  d = dict(config.model)
+  if d.get("vocab_size", tokenizer.vocab_size) != tokenizer.vocab_size:
+    raise ValueError(f"config.model.vocab_size={d['vocab_size']} but the byte tokenizer has "
+                     f"{tokenizer.vocab_size} ids")
+  d["vocab_size"] = tokenizer.vocab_size
+  if "moe_layers" in d and d["moe_layers"] is not None:
+    d["moe_layers"] = tuple(d["moe_layers"])
+  return ModelConfig(**d)
+
+
+def resolve_records_dir(settings: ServeSettings, records_dir: Optional[str],
+                        workdir: Optional[str]) -> str:
+  """--records_dir, else config.serve.records_dir, else <workdir>/records, else
+  ~/.cache/composer_rl/serve/<model>/records."""
+  if records_dir:
+    return records_dir
+  if settings.records_dir:
+    return settings.records_dir
+  if workdir:
+    return os.path.join(workdir, "records")
+  return os.path.join(os.path.expanduser("~"), ".cache", "composer_rl", "serve",
+                      settings.model_name, "records")
+
+
+def build_service(config, checkpoint_dir: Optional[str] = None,
+                  weights_dir: Optional[str] = None, records_dir: Optional[str] = None,
+                  workdir: Optional[str] = None, model_name: str = "",
+                  settings: Optional[ServeSettings] = None) -> ServingService:
+  """The service for an experiment config (see the module docstring). `model_name`: the
+  default served name when config.serve has none (launch/serve.py passes the file stem)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from composer_rl.data.byte_tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+  from composer_rl.model import Transformer, inference_copy  # pylint: disable=g-import-not-at-top
+  from composer_rl.rollout.chat import ChatFormat  # pylint: disable=g-import-not-at-top
+  from composer_rl.sampling.engine import Engine  # pylint: disable=g-import-not-at-top
+
+  settings = settings or ServeSettings.from_config(config, model_name)
+  tok = ByteTokenizer()
+  mc = model_config_of(config, tok)
+  abstract = nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0)))
+  engine = Engine(abstract, slots=settings.slots, prefill_chunk=settings.prefill_chunk,
+                  top_logprobs=settings.top_logprobs)
+  version, params = 0, None
+  subscriber = None
+  if weights_dir:
+    from composer_rl.sync.subscriber import WeightSubscriber  # pylint: disable=g-import-not-at-top
+    template = jax.eval_shape(lambda p: inference_copy(p, mc), nnx.to_pure_dict(engine.params))
+    subscriber = WeightSubscriber(weights_dir, template)
+    if subscriber.poll() is not None:
+      params, version = subscriber.snapshot(), int(subscriber.version)
+  if params is None and checkpoint_dir:
+    master, version = restore_params(checkpoint_dir, mc)
+    params = inference_copy(master, mc)
+  if params is None:
+    seed = int(config.get("seed", 0)) if hasattr(config, "get") else 0
+    params = inference_copy(nnx.to_pure_dict(nnx.split(
+        Transformer(mc, rngs=nnx.Rngs(seed)))[1]), mc)
+  generator = Generator(engine, engine.place(params), version, tok,
+                        max_waiting=settings.max_waiting)
+  template = ChatTemplate(ChatFormat(tok), default_system=settings.system_prompt)
+  records = RecordLog(resolve_records_dir(settings, records_dir, workdir),
+                      max_file_bytes=settings.record_file_bytes)
+  follower = None
+  if subscriber is not None:
+    follower = WeightFollower(subscriber, generator, engine.place, settings.poll_s).start()
+  service = ServingService(generator, template, records, settings, tok, follower)
+  if settings.warmup:
+    service.warmup()
+  return service
