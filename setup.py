@@ -25,6 +25,11 @@ setuptools.setup(
         "numpy>=1.26",
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
+        # The OpenAI-compatible server (launch/serve.py, composer_rl/serving) and the
+        # scripted user of the online-RL experiment (the official client, as users run it).
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "openai>=1.30",
     ],
     extras_require={
         # selenium drives Debian's headless Chromium in the viewer tests (.ci/run installs it)

@@ -81,8 +81,8 @@ def main(argv):
   import uvicorn  # pylint: disable=g-import-not-at-top
   from composer_rl.serving.app import AppSettings, create_app  # pylint: disable=g-import-not-at-top
   from composer_rl.serving.auth import KeyRing  # pylint: disable=g-import-not-at-top
-  from composer_rl.serving.service import (ServeSettings, build_service,  # pylint: disable=g-import-not-at-top
-                                           resolve_records_dir)
+  from composer_rl.serving.loading import build_service, resolve_records_dir  # pylint: disable=g-import-not-at-top
+  from composer_rl.serving.service import ServeSettings  # pylint: disable=g-import-not-at-top
 
   keys = None
   if _KEYS.value:

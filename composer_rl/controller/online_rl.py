@@ -42,7 +42,8 @@ from composer_rl.online.scripted_user import __file__ as USER_SCRIPT
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.sampling.engine import Engine
-from composer_rl.serving import service as service_lib
+from composer_rl.serving import loading
+from composer_rl.serving.service import ServeSettings
 from composer_rl.serving.threaded import ThreadedServer
 from composer_rl.sync.publisher import WeightPublisher
 from composer_rl.train import advantages as adv_lib
@@ -128,10 +129,10 @@ def run(config, workdir: str) -> Dict:
   c = config.online
   tok = ByteTokenizer()
   chat = ChatFormat(tok)
-  mc = service_lib.model_config_of(config, tok)
+  mc = loading.model_config_of(config, tok)
   mesh = sharding.make_mesh({"data": -1})
   metrics = MetricsWriter(workdir)
-  settings = service_lib.ServeSettings.from_config(config, "online_rl")
+  settings = ServeSettings.from_config(config, "online_rl")
   system = settings.system_prompt
   model = settings.model_name
 
@@ -146,7 +147,7 @@ def run(config, workdir: str) -> Dict:
   publish = lambda p: publisher.publish(inference_copy(p, mc))["version"]
   version = publish(state.params)
   records_dir = os.path.join(workdir, "records")
-  service = service_lib.build_service(config, weights_dir=os.path.join(workdir, "weights"),
+  service = loading.build_service(config, weights_dir=os.path.join(workdir, "weights"),
                                       records_dir=records_dir, model_name=model,
                                       settings=settings)
   server = ThreadedServer(service)

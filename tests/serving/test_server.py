@@ -402,7 +402,7 @@ def test_follows_published_weights(server):
   """Versions published under --weights_dir are served without a restart."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from composer_rl.model import Transformer, inference_copy  # pylint: disable=import-outside-toplevel
-  from composer_rl.serving.service import model_config_of  # pylint: disable=import-outside-toplevel
+  from composer_rl.serving.loading import model_config_of  # pylint: disable=import-outside-toplevel
   from composer_rl.sync.publisher import WeightPublisher  # pylint: disable=import-outside-toplevel
   spec = importlib.util.spec_from_file_location(
       "serve_tiny", os.path.join(ROOT, "experiments", "serve_tiny.py"))
@@ -496,7 +496,7 @@ def test_restore_params_from_train_checkpoint(tmp_path):
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from composer_rl.model import ModelConfig, sharding  # pylint: disable=import-outside-toplevel
-  from composer_rl.serving.service import restore_params  # pylint: disable=import-outside-toplevel
+  from composer_rl.serving.loading import restore_params  # pylint: disable=import-outside-toplevel
   from composer_rl.train.checkpoint import Checkpointer  # pylint: disable=import-outside-toplevel
   from composer_rl.train.train_step import TrainConfig, make_train_step  # pylint: disable=import-outside-toplevel
   mc = ModelConfig(vocab_size=264, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1,

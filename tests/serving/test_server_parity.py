@@ -16,7 +16,7 @@ from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.model import Transformer, sharding
 from composer_rl.online import ingest
 from composer_rl.sampling.head import RowSampling
-from composer_rl.serving import service as service_lib
+from composer_rl.serving import loading
 from composer_rl.serving.records import read_records
 from composer_rl.serving.threaded import ThreadedServer
 from composer_rl.train import losses
@@ -39,7 +39,7 @@ def bits(x):
 def served(tmp_path_factory):
   config = serve_tiny.get_config()
   workdir = str(tmp_path_factory.mktemp("parity"))
-  service = service_lib.build_service(config, records_dir=os.path.join(workdir, "records"),
+  service = loading.build_service(config, records_dir=os.path.join(workdir, "records"),
                                       model_name="serve_tiny")
   server = ThreadedServer(service)
   client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
@@ -51,7 +51,7 @@ def served(tmp_path_factory):
 def _trainer_logprobs(config, record):
   """The trainer's log-probs of a record's completion tokens: `score_tokens` over prompt +
   completion with the master parameters (fresh init with the config's seed, as served)."""
-  mc = service_lib.model_config_of(config, ByteTokenizer())
+  mc = loading.model_config_of(config, ByteTokenizer())
   model = Transformer(mc, rngs=nnx.Rngs(config.seed))
   s = record["sampling"]
   greedy = s["temperature"] == 0.0
@@ -124,7 +124,7 @@ def test_multi_turn_session_trains_with_ratio_one(served):
           and r["kind"] == "completion"]
   assert sum(len(r["completion_ids"]) for r in recs) == sum(t.loss_mask)
   assert {r["completion_id"] for r in recs} == {first.id, second.id}
-  mc = service_lib.model_config_of(config, ByteTokenizer())
+  mc = loading.model_config_of(config, ByteTokenizer())
   step = make_train_step(mc, TrainConfig(optimizer=OptimizerConfig(learning_rate=1e-3),
                                          loss=losses.LossConfig(policy_loss="ppo_clip")),
                          sharding.make_mesh({"data": -1}))
