@@ -44,6 +44,9 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
   # reads every module does not fit (ablation reference: full_window_max_seq_len).
   c.model.max_seq_len = 1024
   c.env.max_turns = 10             # 5 reads + a re-read + edit + submit, with slack
+  # No `search`: one grep for `def f(` would find the module without reading (and
+  # remembering) anything, the shortcut this family exists to rule out.
+  c.env.tools = ("list_dir", "read_file", "edit", "write_file", "run")
   c.sft.demo_policy = "long_weak_oracle"
   c.sft.demo_policy_args = dict(fix_prob=0.4, run_tests=False, seed=0)
   # composer_rl.rollout.compaction.CompactionConfig fields.

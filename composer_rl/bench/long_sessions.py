@@ -37,7 +37,7 @@ def main(_):
   c = _experiment()
   chat = ChatFormat(ByteTokenizer())
   env = EnvConfig(compact_prompt=True, max_turns=c.env.max_turns,
-                  system_prompt=c.env.system_prompt)
+                  system_prompt=c.env.system_prompt, tools=tuple(c.env.get("tools", ())))
   comp = compaction_lib.CompactionConfig(**dict(c.rl.compaction))
   window = c.model.max_seq_len
   tasks = [multifile.generate("train", i) for i in range(_TASKS.value)]

@@ -85,7 +85,8 @@ class Setup:
     self._eval_engines: Dict[int, Engine] = {}  # max_seq_len -> a wider-window engine
     self.env_config = EnvConfig(compact_prompt=True, max_turns=config.env.max_turns,
                                 grade_timeout_s=config.env.grade_timeout_s,
-                                system_prompt=config.env.system_prompt)
+                                system_prompt=config.env.system_prompt,
+                                tools=tuple(config.env.get("tools", ())))
     abstract = nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0)))
     self.engines = [Engine(abstract, slots=config.rl.slots, prefill_chunk=config.rl.prefill_chunk,
                            mesh=m) for m in inference_meshes]

@@ -49,6 +49,7 @@ from composer_rl.sync.publisher import WeightPublisher
 from composer_rl.train import advantages as adv_lib
 from composer_rl.train import losses
 from composer_rl.train.batch import build_batch
+from composer_rl.train.checkpoint import Checkpointer
 from composer_rl.train.optimizer import OptimizerConfig
 from composer_rl.train.sft import make_sft_step
 from composer_rl.train.train_step import TrainConfig, make_train_step
@@ -123,7 +124,28 @@ def _simulated(config, engine: Engine, chat, system, params, mc, count: int, ste
   return runner.run(jobs[:count])
 
 
+def _train_step(config, step, state, trajs, mc, version_lag):
+  """One update on online (and simulated) sessions; returns (state, metrics)."""
+  c = config.online
+  rewards = np.asarray([t.reward for t in trajs], np.float32)
+  # Online sessions share one baseline (their batch); simulated ones their own groups.
+  gids = np.asarray([-1 if t.metrics.get("online") else t.group_id for t in trajs])
+  adv = np.asarray(adv_lib.compute_advantages(c.advantage, rewards, gids))
+  rows = -(-len(trajs) // step.num_shards) * step.num_shards
+  batch = build_batch(trajs, mc.max_seq_len, num_rows=rows, advantages=adv,
+                      temperature=c.temperature)
+  state, m = step.step(state, step.shard_batch(batch))
+  return state, {n: float(v) for n, v in jax.device_get(m).items()}
+
+
 def run(config, workdir: str) -> Dict:
+  """Runs (or resumes, from `workdir/checkpoints`) the experiment; see module docstring.
+
+  The trainer state is checkpointed after SFT's evaluation and after every step, with the
+  ledger (the consumed session ids, the before-evaluation): a run killed at any point
+  resumes without training on a session twice or skipping one it had trained on. The
+  resumed weights are published as a new version (versions count publications, not
+  steps), which the server follows."""
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   c = config.online
@@ -133,46 +155,57 @@ def run(config, workdir: str) -> Dict:
   mesh = sharding.make_mesh({"data": -1})
   metrics = MetricsWriter(workdir)
   settings = ServeSettings.from_config(config, "online_rl")
-  system = settings.system_prompt
-  model = settings.model_name
-
-  sft_params = sft_stage(config, mc, mesh, chat, system, metrics)
+  system, model = settings.system_prompt, settings.model_name
   step = make_train_step(mc, TrainConfig(
       optimizer=OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=0,
                                 total_steps=max(c.steps, 1), end_lr_ratio=1.0),
       loss=losses.LossConfig(policy_loss=c.policy_loss, clip_eps_low=c.clip_eps,
                              clip_eps_high=c.clip_eps_high)), mesh)
-  state = step.init_state(config.seed, params=sft_params)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=2)
+  restored = ckpt.restore(step.abstract_state())
+  if restored is not None:
+    state, book, start = restored.state, dict(restored.ledger or {}), restored.step
+    metrics.truncate_phase("online", start)
+    print(f"composer_rl online: resumed at step {start} from {workdir}", flush=True)
+  else:
+    state = step.init_state(config.seed,
+                            params=sft_stage(config, mc, mesh, chat, system, metrics))
+    book, start = dict(consumed=[], before=None), 0
   publisher = WeightPublisher(os.path.join(workdir, "weights"), anchor_every=c.anchor_every)
   publish = lambda p: publisher.publish(inference_copy(p, mc))["version"]
   version = publish(state.params)
   records_dir = os.path.join(workdir, "records")
   service = loading.build_service(config, weights_dir=os.path.join(workdir, "weights"),
-                                      records_dir=records_dir, model_name=model,
-                                      settings=settings)
+                                  records_dir=records_dir, model_name=model,
+                                  settings=settings)
   server = ThreadedServer(service)
   sim_engine = Engine(nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0))),
                       slots=8) if c.sim_fraction > 0 else None
+  user = None
   try:
-    before = preference_rate(server, model, workdir, "before", config.eval.num_heldout,
-                             config.tasks.seed)
-    print(f"composer_rl online: held-out preference rate before {before:.3f}", flush=True)
+    if restored is None:  # step 0: the SFT policy and its evaluation, saved together
+      book["before"] = preference_rate(server, model, workdir, "before",
+                                       config.eval.num_heldout, config.tasks.seed)
+      ckpt.save(0, state, ledger=book)
+    print(f"composer_rl online: held-out preference rate before {book['before']:.3f}",
+          flush=True)
     train_path = os.path.join(workdir, "train_tasks.jsonl")
     tasks_lib.write_tasks(train_path, [tasks_lib.answer_task("train", i, config.tasks.seed)
                                        for i in range(c.num_train_tasks)])
     stop_file = os.path.join(workdir, "user_stop")
     if os.path.exists(stop_file):
       os.remove(stop_file)
+    # Conversation ids are unique per user process (a resumed run starts a new one).
     user = _user(server.base_url, model, train_path, os.path.join(workdir, "user_train.jsonl"),
                  temperature=c.temperature, feedback=1, consent="true", workers=c.user_workers,
-                 stop_file=stop_file, max_tokens=c.max_tokens, tag="train-")
+                 stop_file=stop_file, max_tokens=c.max_tokens, tag=f"train-{os.getpid()}-")
     spec = ingest.RewardSpec(weights=dict(c.reward_weights), default=0.0)
     limits = ingest.IngestLimits(require_consent=True, max_tokens=mc.max_seq_len,
                                  max_age_versions=c.max_online_staleness)
-    consumed = set()
+    consumed = set(book["consumed"])
     n_sim = int(round(c.batch_size * c.sim_fraction))
     n_online = c.batch_size - n_sim
-    for k in range(c.steps):
+    for k in range(start, c.steps):
       t0 = time.time()
       while True:  # the trainer waits only for enough fresh sessions
         src = ingest.OnlineSessionSource(records_dir, spec, limits, current_version=version)
@@ -185,26 +218,20 @@ def run(config, workdir: str) -> Dict:
       wait_s = time.time() - t0
       # The newest sessions: the least stale (older ones age out by max_online_staleness).
       online = fresh[-n_online:]
-      consumed.update(t.session_id for t in online)
-      sim = _simulated(config, sim_engine, chat, system, state.params, mc, n_sim, k) if n_sim else []
-      trajs = online + sim
-      rewards = np.asarray([t.reward for t in trajs], np.float32)
-      # Online sessions share one baseline (their batch); simulated ones their own groups.
-      gids = np.asarray([-1 if t.metrics.get("online") else t.group_id for t in trajs])
-      adv = np.asarray(adv_lib.compute_advantages(c.advantage, rewards, gids))
-      rows = -(-len(trajs) // step.num_shards) * step.num_shards
-      batch = build_batch(trajs, mc.max_seq_len, num_rows=rows, advantages=adv,
-                          temperature=c.temperature)
-      state, m = step.step(state, step.shard_batch(batch))
+      sim = (_simulated(config, sim_engine, chat, system, state.params, mc, n_sim, k)
+             if n_sim else [])
+      state, out = _train_step(config, step, state, online + sim, mc, version)
       version = publish(state.params)
-      out = {n: float(v) for n, v in jax.device_get(m).items()}
+      consumed.update(t.session_id for t in online)
+      book["consumed"] = sorted(consumed)
+      ckpt.save(k + 1, state, ledger=book)
       out.update(
           accepted_rate_online=float(np.mean([t.reward > 0 for t in online])),
           reward_online=float(np.mean([t.reward for t in online])),
           reward_sim=float(np.mean([t.reward for t in sim])) if sim else 0.0,
           version_lag_mean=float(np.mean([t.metrics["version_lag"] for t in online])),
           version_lag_max=float(max(t.metrics["version_lag"] for t in online)),
-          wait_seconds=wait_s, step_seconds=time.time() - t0,
+          wait_seconds=wait_s, step_seconds=time.time() - t0, version=float(version),
           **{f"ingest_{n}": float(v) for n, v in src.stats.items()})
       metrics.write(k, out, phase="online")
       print(f"composer_rl online: step {k} accepted {out['accepted_rate_online']:.2f} "
@@ -220,11 +247,14 @@ def run(config, workdir: str) -> Dict:
     after = preference_rate(server, model, workdir, "after", config.eval.num_heldout,
                             config.tasks.seed)
   finally:
+    if user is not None and user.poll() is None:
+      user.kill()
+    ckpt.close()
     server.stop()
     service.close()
     metrics.close()
   summary = dict(seed=config.seed, steps=c.steps, batch_size=c.batch_size,
-                 sim_fraction=c.sim_fraction, preference_rate_before=before,
+                 sim_fraction=c.sim_fraction, preference_rate_before=book["before"],
                  preference_rate_after=after, final_version=version,
                  sessions_consumed=len(consumed), heldout=config.eval.num_heldout,
                  total_seconds=time.time() - t_start)

@@ -15,12 +15,13 @@ nothing mutable, so many can run concurrently in threads.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from composer_rl.env import grading, hacks
 from composer_rl.env.reward import RewardContext, RewardResult, make_reward
 from composer_rl.env.sandbox import SandboxLimits, make_sandbox
-from composer_rl.env.tool_call_format import ToolCallError, format_help, parse_tool_call
+from composer_rl.env.tool_call_format import (TOOL_SCHEMAS, ToolCallError, format_help,
+                                              parse_tool_call)
 from composer_rl.env.tools import TOOLS, ToolError, ToolLimits, truncate_observation
 from composer_rl.env.tree_diff import tree_diff
 from composer_rl.env.world import World
@@ -41,6 +42,10 @@ class EnvConfig:
     grade_timeout_s: wall-clock limit of the grading run.
     system_prompt: the instructions before the task; `{tools}` is replaced by the tool
       description (a tiny model trained from demonstrations can do with a terse one).
+    tools: the tools the agent may call (`TOOL_SCHEMAS` names; empty = all). `submit` is
+      always available. A call of another tool runs nothing and is answered with an error
+      observation (counted in `tool_errors`): a task family can close a shortcut (e.g.
+      `search` finding `def f(` in one call where the task is to read and remember).
     """
 
     max_turns: int = 30
@@ -51,6 +56,13 @@ class EnvConfig:
     reward: Dict[str, Any] = dataclasses.field(default_factory=lambda: {"tests": 1.0})
     grade_timeout_s: float = 60.0
     system_prompt: str = SYSTEM_PROMPT
+    tools: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        unknown = sorted(set(self.tools) - set(TOOL_SCHEMAS))
+        if unknown:
+            raise ValueError(f"EnvConfig.tools: unknown tool(s) {unknown}; known: "
+                             f"{sorted(TOOL_SCHEMAS)}")
 
 
 @dataclasses.dataclass
@@ -93,7 +105,7 @@ class CodingEnv:
         self.done = self.submitted = False
         self._result = None
         system = self.config.system_prompt.replace(
-            "{tools}", format_help(self.config.compact_prompt))
+            "{tools}", format_help(self.config.compact_prompt, self.config.tools))
         return f"{system}\nTask: {self.task.prompt}\n"
 
     def step(self, model_text: str) -> StepResult:
@@ -115,8 +127,13 @@ class CodingEnv:
             tool = call.name
             attempts = hacks.detect(turn, call.name, call.args, self.task)
             self.hack_attempts.extend(attempts)
+            allowed = self.config.tools
             if call.name == "submit":
                 obs, self.submitted = "submitted", True
+            elif allowed and call.name not in allowed:
+                self.metrics["tool_errors"] += 1
+                obs, info["error"] = (f"error: tool '{call.name}' is not available here "
+                                      f"(tools: {', '.join(allowed)}, submit)"), "tool_not_allowed"
             else:
                 try:
                     obs = TOOLS.get(call.name)(self.world, call.args, self.config.tool_limits)

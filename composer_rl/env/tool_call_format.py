@@ -211,12 +211,23 @@ def format_tool_call(name: str, args: Optional[Dict[str, Any]] = None, compact: 
     return f"{COMPACT_OPEN}{_escape_tags(body)}{COMPACT_CLOSE}"
 
 
-def format_help(compact: bool = False) -> str:
-    """A short description of the tools for the system prompt."""
+_HELP = {  # tool -> (compact spelling, full spelling), in the order the help lists them
+    "list_dir": ("ls [path]", "list_dir(path)"),
+    "read_file": ("read path [start end]", "read_file(path, start, end)"),
+    "search": ("grep pattern [path]", "search(pattern, path)"),
+    "edit": ("edit path old new", "edit(path, old, new)"),
+    "write_file": ("write path content", "write_file(path, content)"),
+    "run": ("run cmd [timeout]", "run(cmd, timeout)"),
+    "submit": ("submit", "submit()"),
+}
+
+
+def format_help(compact: bool = False, tools: Tuple[str, ...] = ()) -> str:
+    """A short description of the tools for the system prompt: all of them, or only
+    `tools` (and submit, which every episode has)."""
+    names = [t for t in _HELP if not tools or t in tools or t == "submit"]
     if compact:
-        return ('One tool call per turn: <t>["name",arg,...]</t>. Tools: ls [path]; '
-                'read path [start end]; grep pattern [path]; edit path old new; '
-                'write path content; run cmd [timeout]; submit.')
+        return ('One tool call per turn: <t>["name",arg,...]</t>. Tools: '
+                + "; ".join(_HELP[t][0] for t in names) + ".")
     return ('One tool call per turn: <tool>{"name": NAME, "args": {...}}</tool>. Tools: '
-            'list_dir(path), read_file(path, start, end), search(pattern, path), '
-            'edit(path, old, new), write_file(path, content), run(cmd, timeout), submit().')
+            + ", ".join(_HELP[t][1] for t in names) + ".")

@@ -83,6 +83,28 @@ def test_session_flow_and_metrics():
     assert not os.path.exists(env.world.root)
 
 
+def test_tool_allow_list():
+    """A tool outside `EnvConfig.tools` runs nothing and answers with an error; the system
+    prompt lists only the allowed tools (and submit); unknown names are refused up front."""
+    task = get_task("generated", "train", 21)
+    env = make_env(task, EnvConfig(max_turns=4, compact_prompt=True, tools=("read_file",)))
+    try:
+        prompt = env.reset()
+        assert "read path" in prompt and "grep" not in prompt and "submit" in prompt
+        r = env.step('<t>["grep","def "]</t>')
+        assert r.observation == ("error: tool 'search' is not available here "
+                                 "(tools: read_file, submit)")
+        assert r.info["error"] == "tool_not_allowed" and not r.done
+        r = env.step(f'<t>["read","{task.editable[0]}"]</t>')
+        assert r.observation.startswith("1|")
+        assert env.step('<t>["submit"]</t>').done
+        assert env.grade().info["metrics"]["tool_errors"] == 1
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="unknown tool"):
+        EnvConfig(tools=("grep_all",))
+
+
 def test_concurrent_sessions_in_threads():
     from composer_rl.env import run_episode
     results = {}
