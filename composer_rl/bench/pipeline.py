@@ -2,7 +2,7 @@
 train step, in turn) and in `async` mode (the two factories overlap), from the same SFT
 policy, in one process. Prints one JSON object.
 
-  python -m composer_rl.bench.pipeline --sft_workdir=/tmp/tiny_bugfix --steps=8
+  python -m composer_rl.bench.pipeline --sft_workdir=/tmp/tiny_bugfix [--steps=20]
 
 --sft_workdir: a workdir of experiments/tiny_bugfix.py whose RL step-0 checkpoint (the SFT
 policy) is the starting point; without one the SFT stage runs first (minutes).
@@ -30,7 +30,8 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "..", "experiments",
                            "tiny_bugfix.py"), "the experiment")
 _SFT = flags.DEFINE_string("sft_workdir", None, "workdir holding the SFT checkpoint (step 0)")
-_STEPS = flags.DEFINE_integer("steps", 8, "RL steps per mode (after warmup)")
+_STEPS = flags.DEFINE_integer("steps", 20, "RL steps per mode (after warmup); short runs "
+                             "overweight the rollout factory's fill at the start")
 _WARMUP = flags.DEFINE_integer("warmup", 1, "RL steps per mode left out of the rates")
 
 
