@@ -43,7 +43,8 @@ def main(argv):
   from composer_rl.train import trainer  # pylint: disable=g-import-not-at-top
   # config.kind -> what runs it: SFT + RL of an agent in the sandbox (the controller), the
   # pretraining -> SFT -> RL pipeline, the context-compaction ablation (one agent run per
-  # arm), or (no kind) an SFT / pretraining / synthetic-RL experiment of the trainer alone.
+  # arm), online RL through the server, or (no kind) an SFT / pretraining / synthetic-RL
+  # experiment of the trainer alone.
   kinds = {"agent_rl": agent_rl.run, "pipeline": pipeline.run,
            "compaction_ablation": ablation.run, "online_rl": online_rl.run,
            "": trainer.train}

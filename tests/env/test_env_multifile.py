@@ -55,6 +55,17 @@ def test_generation_is_pure_split_disjoint_and_hides_the_module():
         assert f"def {t.meta['func']}(" in t.files[target]
 
 
+def test_numbered_source_is_the_same_tasks_with_fixed_module_names():
+    for i in range(5):
+        a, b = multifile.generate("train", i), get_task("multifile_numbered", "train", i)
+        assert b.meta["files"] == [f"m{k}.py" for k in range(1, multifile.N_FILES + 1)]
+        assert (b.meta["func"], b.meta["target_position"], b.meta["variant"]) == (
+            a.meta["func"], a.meta["target_position"], a.meta["variant"])
+        assert b.module == f"m{a.meta['target_position'] + 1}" and b.id != a.id
+    task = get_task("multifile_numbered", "train", 0)
+    assert run_episode("oracle", task, ENV, compact=True).reward == 1.0
+
+
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_oracle_solves_and_null_does_not_in_the_sandbox(index):
     task = multifile.generate("train", index)

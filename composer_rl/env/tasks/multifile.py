@@ -15,6 +15,11 @@ the generated family does, so no buggy function of "heldout" appears in "train".
 
 `task.meta["files"]` is the module order of the prompt (the demonstrator reads in that
 order); `task.meta["target_position"]` is the buggy module's place in it.
+
+Source "multifile_numbered": the same tasks with the modules named m1..m5. A tiny byte
+model copies random per-task names badly (29% of its reads named a missing module in the
+first compaction ablation, BUILD_NOTES section 11); with fixed names only *which* module
+holds the function has to be found and remembered.
 """
 from __future__ import annotations
 
@@ -60,7 +65,8 @@ def _test_file(modules: List[str], name: str, cases: List[dict]) -> str:
     return generated.test_file([f"from {m} import *  # noqa" for m in modules], name, cases)
 
 
-def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
+def generate(split: str = "train", index: int = 0, seed: int = 0,
+             numbered: bool = False) -> Task:
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     rng = random.Random(f"composer_rl-multifile:{seed}:{split}:{index}")
@@ -73,7 +79,9 @@ def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
     family, correct, buggy_snip = (s.format(name=name, k=k) if "{" in s else s
                                    for s in t.bugs[bug_i])
     target_src = t.source.format(name=name, k=k)
-    modules = rng.sample(MODULES, N_FILES)
+    modules = rng.sample(MODULES, N_FILES)  # drawn either way: the rest of the task is the same
+    if numbered:
+        modules = [f"m{i + 1}" for i in range(N_FILES)]
     target_pos = rng.randrange(N_FILES)
     target_slot = rng.randrange(FUNCS_PER_FILE)
     while True:  # filler functions: other templates, until the bug site is unique in its file
@@ -120,3 +128,8 @@ def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
 
 
 TASK_SOURCES.register("multifile")(generate)
+
+
+@TASK_SOURCES.register("multifile_numbered")
+def generate_numbered(split: str = "train", index: int = 0, seed: int = 0) -> Task:
+    return generate(split, index, seed, numbered=True)
