@@ -24,6 +24,9 @@ import json
 import random
 from typing import List
 
+from composer_rl.env.harness import StepResult
+from composer_rl.env.reward import RewardResult
+
 VERBS = ("get", "set", "make", "load", "parse", "find", "count", "merge", "split", "check",
          "read", "send", "sort", "scan", "build", "drop")
 NOUNS = ("user", "item", "path", "total", "name", "row", "key", "node", "word", "value",
@@ -90,25 +93,14 @@ class AnswerEnv:
   def reset(self) -> str:
     return self.task.prompt
 
-  def step(self, text: str):
+  def step(self, text: str) -> StepResult:
     self.reply = text
-    return _Step("", True, {})
+    return StepResult("", True, {})
 
-  def grade(self):
-    return _Grade(1.0 if self.reply is not None and preferred(self.task.answer, self.reply)
-                  else 0.0)
+  def grade(self) -> RewardResult:
+    ok = self.reply is not None and preferred(self.task.answer, self.reply)
+    return RewardResult(reward=float(ok), breakdown={"preferred": float(ok)},
+                        hack_attempts=[], passed=ok)
 
   def close(self) -> None:
     pass
-
-
-@dataclasses.dataclass
-class _Step:
-  observation: str
-  done: bool
-  info: dict
-
-
-@dataclasses.dataclass
-class _Grade:
-  reward: float
