@@ -124,7 +124,7 @@ def _simulated(config, engine: Engine, chat, system, params, mc, count: int, ste
   return runner.run(jobs[:count])
 
 
-def _train_step(config, step, state, trajs, mc, version_lag):
+def _train_step(config, step, state, trajs, mc):
   """One update on online (and simulated) sessions; returns (state, metrics)."""
   c = config.online
   rewards = np.asarray([t.reward for t in trajs], np.float32)
@@ -220,7 +220,7 @@ def run(config, workdir: str) -> Dict:
       online = fresh[-n_online:]
       sim = (_simulated(config, sim_engine, chat, system, state.params, mc, n_sim, k)
              if n_sim else [])
-      state, out = _train_step(config, step, state, online + sim, mc, version)
+      state, out = _train_step(config, step, state, online + sim, mc)
       version = publish(state.params)
       consumed.update(t.session_id for t in online)
       book["consumed"] = sorted(consumed)

@@ -53,10 +53,8 @@ def _trainer_logprobs(config, record):
   completion with the master parameters (fresh init with the config's seed, as served)."""
   mc = loading.model_config_of(config, ByteTokenizer())
   model = Transformer(mc, rngs=nnx.Rngs(config.seed))
-  s = record["sampling"]
-  greedy = s["temperature"] == 0.0
-  rows = RowSampling.broadcast(1, 1.0 if greedy else s["temperature"],
-                               1 if greedy else (s.get("top_k") or 0), s.get("top_p", 1.0))
+  s = record["sampling"]  # the transform the engine sampled with (greedy = top_k 1)
+  rows = RowSampling.broadcast(1, s["temperature"], s["top_k"], s["top_p"])
   toks = np.asarray(record["prompt_ids"] + record["completion_ids"], np.int32)[None]
   lp = np.asarray(score_tokens(model, toks, rows).logprobs[0])
   return lp[len(record["prompt_ids"]) - 1:]
@@ -79,6 +77,9 @@ def test_logprobs_equal_the_trainers_through_the_server(served):
   streamed = [lp.logprob for chunk in stream for c in chunk.choices
               if c.logprobs and c.logprobs.content for lp in c.logprobs.content]
   recs = {r["id"]: r for r in read_records(records_dir) if r["kind"] == "completion"}
+  # The greedy request (temperature 0) is recorded as the engine ran it: top_k 1.
+  greedy = recs[f"{responses[2].id}:0"]["sampling"]
+  assert (greedy["temperature"], greedy["top_k"]) == (1.0, 1)
   compared = 0
   for resp in responses:
     for choice in resp.choices:
