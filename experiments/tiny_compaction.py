@@ -1,11 +1,14 @@
-"""Context compaction trained inside the RL loop (issue #7): long bug-fix sessions, small window.
+"""Context compaction trained inside the RL loop (issue #7): a key gathered across a session
+longer than the window.
 
-The tiny_bugfix experiment on the "multifile" task family (the buggy function hides in one
-of 5 modules; reading them all takes ~1.1-1.5k tokens) with a deliberately small window
-(`model.max_seq_len=1024`), so sessions that must read far carry "which modules are ruled
-out / which one holds the function" through summaries. SFT imitates the `long_weak_oracle`
-demonstrator (it summarizes when asked, and fixes the bug on 40 % of tasks); RL trains
-with compaction on.
+The tiny_bugfix experiment on the "keychain" task family (key.py must return a key whose
+parts sit in m1..m4; composer_rl/env/tasks/keychain.py) with a deliberately small window
+(`model.max_seq_len=640`): reading the four modules takes ~1.3x the window, so the parts
+read first are gone from the context by the time the key is written, unless a summary
+carried them (`read m1 m2; key q7a1`). SFT imitates the `key_collector` demonstrator (it
+summarizes when asked and writes the key on 50 % of tasks, else gives up); RL trains with
+compaction on. (The first design, on the "multifile" family, gave no learning signal:
+BUILD_NOTES section 11.)
 
 Variants (`--config=experiments/tiny_compaction.py:VARIANT`):
   default / smoke           one agent-RL run, compaction in training and evaluation
@@ -39,29 +42,44 @@ ARMS = {
 def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
   """The single-run agent-RL config (arm a)."""
   c = tiny_bugfix.get_config("smoke" if smoke else "default")
-  c.tasks.family = "multifile"     # composer_rl.env.tasks.TASK_SOURCES name
-  # The window: a context holds the task, a summary and ~2 module reads; a session that
-  # reads every module does not fit (ablation reference: full_window_max_seq_len).
-  c.model.max_seq_len = 1024
-  c.env.max_turns = 10             # 5 reads + a re-read + edit + submit, with slack
-  # No `search`: one grep for `def f(` would find the module without reading (and
-  # remembering) anything, the shortcut this family exists to rule out.
-  c.env.tools = ("list_dir", "read_file", "edit", "write_file", "run")
-  c.sft.demo_policy = "long_weak_oracle"
-  c.sft.demo_policy_args = dict(fix_prob=0.4, run_tests=False, seed=0)
+  c.tasks.family = "keychain"      # composer_rl.env.tasks.TASK_SOURCES name
+  c.env.system_prompt = "Do the task, then submit."
+  # The window (tiny_bugfix's): a context holds the task, a summary and ~2 module reads; a
+  # session that reads all four does not fit (~810 tokens; the ablation's reference
+  # evaluates with full_window_max_seq_len).
+  c.model.max_seq_len = 640
+  c.env.max_turns = 8              # 4 reads + edit + submit, with slack
+  # Read and edit only: `run` could print a module's PART (or a test failure could), and
+  # `search` could grep them all at once, shortcuts around remembering what was read.
+  c.env.tools = ("read_file", "edit")
+  c.sft.demo_policy = "key_collector"
+  c.sft.demo_policy_args = dict(fix_prob=0.5, seed=0)
   # composer_rl.rollout.compaction.CompactionConfig fields.
   c.rl.compaction = ml_collections.ConfigDict(dict(
       enabled=True,
       mode="compaction",           # 'compaction' | 'truncation' | 'none' (the arms)
-      # Fires with the pending observation included: 0.55 leaves room for one more module
-      # (<= ~330 tokens) plus the instruction and a summary, and a context restarted with a
-      # summary can re-read a module without firing again.
+      # Fires at a turn boundary once the context with the pending observation holds 352
+      # tokens: mostly after the second read and after the third (2.0 restarts per
+      # demonstration, `python -m composer_rl.bench.long_sessions`).
       trigger_fraction=0.55,
       max_turns_per_context=0,
-      max_compactions=4,
-      summary_max_tokens=64,       # the demonstrator's summaries are <= ~45 bytes
+      max_compactions=3,
+      summary_max_tokens=32,       # the demonstrator's summaries are <= 27 bytes
       instruction="Summarize your work so far.",
+      # Truncation keeps the system prompt, the task and the newest turns in half the window.
       truncation_keep_fraction=0.5))
+  # Sessions are ~3x tiny_bugfix's; 40 steps and 100 held-out tasks keep the three-arm
+  # ablation near an hour on 2 CPU cores.
+  # The optional rubric reward on summaries (composer_rl.rollout.summary_judge), off:
+  # weight > 0 adds weight * the judge's mean summary score to each RL session's reward.
+  c.rl.summary_judge = ml_collections.ConfigDict(dict(
+      weight=0.0,
+      judge="http",                # composer_rl.env.judge.JUDGES name
+      # An OpenAI-compatible server, e.g. launch/serve.py with a judge model's checkpoint.
+      judge_args=dict(base_url="http://127.0.0.1:8000/v1", model="", api_key_env=""),
+      rubric=""))                  # '' = composer_rl.env.judge.SUMMARY_RUBRIC
+  if not smoke:
+    c.rl.steps, c.eval.num_heldout = 40, 100
   c.eval.context_mode = ""         # '' = as in RL; else a CompactionConfig mode
   c.eval.full_window_max_seq_len = 0  # > 0: also evaluate the RL policy with this window
   if smoke:
@@ -89,7 +107,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "compaction_ablation"   # composer_rl.controller.ablation
   c.agent = agent_config(smoke)
-  c.agent.eval.full_window_max_seq_len = 2048 if not smoke else 1024
+  c.agent.eval.full_window_max_seq_len = 1024
   # arm -> [RL context mode, evaluation context mode]; every arm gets c.agent's budget.
   c.arms = ml_collections.ConfigDict({k: list(v) for k, v in ARMS.items()})
   return c

@@ -1,6 +1,7 @@
 """How long the long-task family's sessions are against the window: the scripted
-demonstrator of `experiments/tiny_compaction.py` on train tasks in the real sandbox, with
-compaction at the experiment's settings and without a window. Prints one JSON object.
+demonstrator of `experiments/tiny_compaction.py` (its task family and demonstrator) on
+train tasks in the real sandbox, with compaction at the experiment's settings and
+without a window. Prints one JSON object.
 
   python -m composer_rl.bench.long_sessions            # 100 tasks, ~30 s on 2 cores
   python -m composer_rl.bench.long_sessions --tasks=20
@@ -17,12 +18,12 @@ from composer_rl.controller.agent_rl import context_stats
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.harness import EnvConfig, make_env
 from composer_rl.env.policies import make_policy
-from composer_rl.env.tasks import multifile
+from composer_rl.env.tasks import get_task
 from composer_rl.rollout import compaction as compaction_lib
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.scripted import scripted_trajectory
 
-_TASKS = flags.DEFINE_integer("tasks", 100, "train tasks of the multifile family")
+_TASKS = flags.DEFINE_integer("tasks", 100, "train tasks of the experiment's family")
 _FIX_PROBS = flags.DEFINE_list("fix_probs", ["1.0", "0.4"], "demonstrator fix probabilities")
 
 
@@ -40,12 +41,14 @@ def main(_):
                   system_prompt=c.env.system_prompt, tools=tuple(c.env.get("tools", ())))
   comp = compaction_lib.CompactionConfig(**dict(c.rl.compaction))
   window = c.model.max_seq_len
-  tasks = [multifile.generate("train", i) for i in range(_TASKS.value)]
+  tasks = [get_task(c.tasks.family, "train", i, c.tasks.seed) for i in range(_TASKS.value)]
+  demo_args = dict(c.sft.demo_policy_args)
   t0, out = time.time(), dict(window=window, tasks=len(tasks))
 
   def run(fix_prob, **kw):
-    return [scripted_trajectory(make_policy("long_weak_oracle", fix_prob=fix_prob,
-                                            run_tests=False), t, make_env(t, env), chat, **kw)
+    args = dict(demo_args, fix_prob=fix_prob)
+    return [scripted_trajectory(make_policy(c.sft.demo_policy, **args), t, make_env(t, env),
+                                chat, **kw)
             for t in tasks]
   for fp in map(float, _FIX_PROBS.value):
     trajs = run(fp, compaction=comp, max_seq_len=window)

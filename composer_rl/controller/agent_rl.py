@@ -49,6 +49,7 @@ from composer_rl.rollout.compaction import expand_segments
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.rollout.scripted import scripted_trajectory
 from composer_rl.rollout.session import Trajectory
+from composer_rl.rollout.summary_judge import SummaryJudgeConfig
 from composer_rl.sampling.engine import Engine
 from composer_rl.train import advantages as adv_lib
 from composer_rl.train import losses
@@ -121,6 +122,15 @@ class Setup:
           mesh=self.inference_meshes[0])
     return self._eval_engines[max_seq_len]
 
+  @property
+  def summary_judge(self) -> SummaryJudgeConfig:
+    """`config.rl.summary_judge` (absent = off)."""
+    section = self.config.rl.get("summary_judge")
+    if not section:
+      return SummaryJudgeConfig()
+    d = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+    return SummaryJudgeConfig(**d)
+
   def compaction(self, mode: str = "") -> compaction_lib.CompactionConfig:
     """`config.rl.compaction` as a `CompactionConfig` (absent = disabled); `mode` other
     than '' replaces its mode (and enables it unless 'none')."""
@@ -138,7 +148,9 @@ class Setup:
                          top_k=1 if greedy else c.top_k, top_p=1.0 if greedy else c.top_p,
                          seed=seed, tool_workers=c.tool_workers,
                          decode_steps=c.decode_steps,
-                         compaction=self.compaction(context_mode))
+                         compaction=self.compaction(context_mode),
+                         # RL only: evaluation reports the task reward.
+                         summary_judge=SummaryJudgeConfig() if greedy else self.summary_judge)
 
   def runner(self, params, version: int, greedy: bool, seed: int, engine=0,
              context_mode: str = "") -> RolloutRunner:
@@ -300,13 +312,17 @@ def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict, version: 
   rewards = np.asarray([t.reward for t in trajs], np.float32)
   gids = np.asarray([t.group_id for t in trajs], np.int32)
   adv = np.asarray(adv_lib.compute_advantages(c.advantage, rewards, gids))
-  out = dict(reward_mean=float(rewards.mean()), solve_rate=float(np.mean(rewards >= 1.0)),
+  task_rewards = np.asarray([(t.reward_info or {}).get("task_reward", t.reward) for t in trajs])
+  out = dict(reward_mean=float(rewards.mean()), solve_rate=float(np.mean(task_rewards >= 1.0)),
              staleness_mean=float(np.mean([version - t.min_version() for t in trajs])),
              malformed_rate=float(np.mean([t.metrics.get("malformed_calls", 0)
                                            / max(t.turns, 1) for t in trajs])),
              tool_seconds=float(np.mean([t.metrics.get("tool_seconds", 0.0) for t in trajs])),
              generated_tokens=float(sum(t.num_generated for t in trajs)),
              trained_tokens=0.0, **context_stats(trajs))
+  judged = [t.metrics["summary_judge_score"] for t in trajs if "summary_judge_score" in t.metrics]
+  if judged:  # the auxiliary summary reward (rollout.summary_judge), when on
+    out["summary_judge_score"] = float(np.mean(judged))
   if not np.any(adv):
     # Every group was all-success or all-failure: no learning signal. Skipping the update
     # also stops AdamW's momentum from moving the weights on zero gradients.

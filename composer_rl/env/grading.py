@@ -100,7 +100,8 @@ def _same(expected, got) -> bool:
 
 def build_grading_copy(task, editable_snapshot: Dict[str, str], dest: str,
                        with_hidden: bool) -> None:
-    files = {p: t for p, t in task.files.items() if p not in task.editable}
+    files = {p: t for p, t in task.files.items()
+             if p not in task.editable and p not in task.world_only}
     files.update(editable_snapshot)
     if with_hidden:
         files.update(task.hidden_tests)

@@ -16,6 +16,10 @@ text for one turn, in the tool-call format). Registered policies:
              Asked for a summary (`summarize()`, context compaction) it says which modules
              it ruled out or which one holds the function, and after the context restart
              it re-reads that module before editing (the edit needs its exact text).
+  key_collector  the demonstrator of the "keychain" family: reads m1..mN in order, then
+             (on a `fix_prob` share of tasks, as weak_oracle) edits key.py to return the
+             gathered key, else submits unchanged. Its summary carries what was read and
+             the parts so far (`read m1 m2; key q7a1`), and it goes on from there.
   adversary  tries every cheat we know -- read the hidden tests, edit the tests, plant
              conftest.py / sitecustomize.py, write outside the world, reach the network,
              remount / chroot, leave a setsid survivor, follow a symlink to the host, make
@@ -128,6 +132,35 @@ class LongWeakOraclePolicy(WeakOraclePolicy):
             return f"{self.func}: in {self.target}"
         stems = " ".join(p[:-3] if p.endswith(".py") else p for p in self.read)
         return f"{self.func}: not in {stems}" if self.read else f"{self.func}: nothing read"
+
+
+@POLICIES.register("key_collector")
+class KeyCollectorPolicy(WeakOraclePolicy):
+    """Stateful like long_weak_oracle. It never reads a module twice: after a context
+    restart only its summary tells it the parts read so far (what the model must learn)."""
+
+    def reset(self, task, compact: bool = False) -> None:
+        self.task, self.compact = task, compact
+        self.files, self.parts = list(task.meta["files"]), list(task.meta["parts"])
+        self.n_read = 0
+        self.i = 0
+
+    def act(self, observation: str) -> str:
+        self.i += 1
+        if self.n_read < len(self.files):
+            self.n_read += 1
+            return format_tool_call("read_file", {"path": self.files[self.n_read - 1]},
+                                    self.compact)
+        if self.fixes(self.task) and self.i == self.n_read + 1:
+            e = self.task.oracle[0]
+            return format_tool_call("edit", {"path": e.path, "old": e.old, "new": e.new},
+                                    self.compact)
+        return format_tool_call("submit", {}, self.compact)
+
+    def summarize(self) -> str:
+        """Asked after the latest read's observation: it is part of what was read."""
+        stems = " ".join(p[:-3] for p in self.files[:self.n_read])
+        return f"read {stems}; key {''.join(self.parts[:self.n_read])}" if stems else "read none"
 
 
 @POLICIES.register("null")

@@ -34,6 +34,7 @@ import numpy as np
 from composer_rl.rollout import compaction as compaction_lib
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.session import LiveSession, Trajectory
+from composer_rl.rollout.summary_judge import SummaryJudge, SummaryJudgeConfig
 from composer_rl.sampling.engine import Engine, Request
 
 # A job is (task_id, group_id, env) or (task_id, group_id, env, session_id); env has
@@ -61,6 +62,8 @@ class RolloutConfig:
     for the block's end. 1 = one step per call.
   compaction: context compaction (`composer_rl.rollout.compaction.CompactionConfig`);
     disabled by default, which leaves every session exactly as without the field.
+  summary_judge: an LLM-judge reward on compaction summaries added to the session's
+    reward (`composer_rl.rollout.summary_judge`); weight 0 (default) = off.
   """
   system_prompt: str = ""
   max_turns: int = 4
@@ -72,6 +75,7 @@ class RolloutConfig:
   tool_workers: int = 4
   decode_steps: int = 1
   compaction: compaction_lib.CompactionConfig = compaction_lib.CompactionConfig()
+  summary_judge: SummaryJudgeConfig = SummaryJudgeConfig()
 
 
 def _work_tree_diff(env) -> Optional[str]:
@@ -103,6 +107,8 @@ class RolloutRunner:
     # returns the tokens to append (or None: it cannot apply here; the session goes on as
     # without compaction). 'none' has no handler.
     self._boundary = {"compaction": self._ask_summary, "truncation": self._truncate}
+    self._summary_judge = (SummaryJudge(config.summary_judge)
+                           if config.summary_judge.weight else None)
 
   # ---- weights -------------------------------------------------------------------------
   def set_params(self, params, version: int) -> None:
@@ -207,6 +213,9 @@ class RolloutRunner:
       t.reward = float(res.reward)
       info = res.to_dict() if hasattr(res, "to_dict") else dict(getattr(res, "__dict__", {}))
       t.reward_info = info
+      if self._summary_judge is not None and t.segments:
+        self._summary_judge.apply(t, getattr(s.env, "task", None),
+                                  list(getattr(s.env, "trajectory", None) or []))
     except Exception as e:
       t.reward, t.reward_info = 0.0, {"error": f"grading failed: {type(e).__name__}: {e}"}
       t.finish_reason = "error"

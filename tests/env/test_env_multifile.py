@@ -1,10 +1,8 @@
 """The long-session task family ("multifile") and its demonstrator (`long_weak_oracle`):
 graded by the real tamper-proof grader in the sandbox; a session that reads every module
-does not fit the compaction experiment's window; the demonstrator summarizes exactly where
+does not fit its 1024-token window; the demonstrator summarizes exactly where
 the rollout runner would ask the model to, in the runner's token layout."""
 import dataclasses
-import os
-import sys
 
 import pytest
 
@@ -17,15 +15,12 @@ from composer_rl.rollout import compaction as cl
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.scripted import scripted_trajectory
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "experiments"))
-import tiny_compaction  # noqa: E402
-
-CFG = tiny_compaction.agent_config()
-WINDOW = CFG.model.max_seq_len
-COMP = cl.CompactionConfig(**dict(CFG.rl.compaction))
-ENV = EnvConfig(compact_prompt=True, max_turns=CFG.env.max_turns,
-                system_prompt=CFG.env.system_prompt)
+# The settings the family was designed for (the first compaction experiment; the current
+# one runs the "keychain" family, tests/env/test_env_keychain.py).
+WINDOW = 1024
+COMP = cl.CompactionConfig(enabled=True, trigger_fraction=0.55, max_compactions=4,
+                           summary_max_tokens=64)
+ENV = EnvConfig(compact_prompt=True, max_turns=10, system_prompt="Fix the bug, then submit.")
 
 
 class ReadAll(ScriptedPolicy):

@@ -6,5 +6,5 @@ TASK_SOURCES: Registry = Registry("task source")
 
 def get_task(source: str, split: str = "train", index: int = 0, seed: int = 0):
     # Import for registration side effects (sources register themselves on import).
-    from composer_rl.env.tasks import generated, multifile, realrepo  # noqa: F401
+    from composer_rl.env.tasks import generated, keychain, multifile, realrepo  # noqa: F401
     return TASK_SOURCES.get(source)(split, index, seed)

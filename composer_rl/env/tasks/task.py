@@ -36,6 +36,8 @@ class Task:
     module: the importable module the checks call (generated tasks).
     oracle: edits that turn `files` into the fixed repository.
     prompt: the task description shown to the agent.
+    world_only: paths of `files` that exist in the agent's world but never in the grading
+      copy: what the agent must read and carry into its answer, not import from it.
     """
 
     id: str
@@ -52,6 +54,7 @@ class Task:
     test_ids: Tuple[str, ...] = ()
     checks: Optional[Tuple[Dict[str, Any], ...]] = None
     module: Optional[str] = None
+    world_only: Tuple[str, ...] = ()
     meta: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def fixed_files(self) -> Dict[str, str]:
@@ -69,8 +72,8 @@ class Task:
     def from_json(text: str) -> "Task":
         d = json.loads(text)
         d["oracle"] = tuple(Edit(**e) for e in d["oracle"])
-        for k in ("editable", "visible_tests", "test_paths", "test_ids"):
-            d[k] = tuple(d[k])
+        for k in ("editable", "visible_tests", "test_paths", "test_ids", "world_only"):
+            d[k] = tuple(d.get(k, ()))
         if d.get("checks") is not None:
             d["checks"] = tuple(d["checks"])
         return Task(**d)

@@ -1,0 +1,83 @@
+"""Tasks whose answer is a fact gathered across a session longer than the window ("keychain").
+
+A key is split into `N_PARTS` parts of `PART_CHARS` characters; module `mI.py` (I = 1..N)
+holds part I as `PART = '..'` above one correct filler function (the generated family's
+templates, so the world reads like code). The agent must make `key()` in `key.py` return
+the whole key as one literal (the prompt says so; the file starts as `return ''`). Reading
+the four modules takes more tokens than the experiment's window, so by the time the agent
+reads the last part, the first ones have left its context: it succeeds only if it carried
+them forward. A compaction summary can (`read m1 m2; key q7a1`); truncating old turns drops
+them by construction -- the separation the compaction ablation needs (issue #7,
+BUILD_NOTES section 11), which the "multifile" family did not give (there, the last module
+read tells a truncated context where it is, and nothing earlier is needed).
+
+Fixed module names and a fixed reading order: a tiny byte model copies random names badly
+(BUILD_NOTES section 11), and only the parts are what must be remembered.
+
+Grading: one check calls `key()` in the sandbox and compares it with the key (rule 4);
+the modules are `world_only`, absent from the grading copy, so `from m1 import PART` in
+key.py scores 0 (an answer must carry the parts, not import them). The split hashes the
+key, so no held-out key is a train key. Pure function of (split, index, seed).
+
+`task.meta`: "files" (reading order), "parts" (part I of the key is in files[I]), "key".
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+
+from composer_rl.env.tasks.registry import TASK_SOURCES
+from composer_rl.env.tasks.task import Edit, Task, content_id
+from composer_rl.env.tasks.templates import TEMPLATES
+
+N_PARTS = 4
+PART_CHARS = 2
+ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"   # no look-alikes (l/1, o/0)
+HELDOUT_PERCENT = 10
+KEY_PATH = "key.py"
+KEY_SOURCE = "def key():\n    return ''\n"
+TEST_PATH = "tests/test_key.py"
+HIDDEN_PATH = "tests/test_key_hidden.py"
+
+
+def _split_of(key: str) -> str:
+    h = int(hashlib.sha256(f"keychain:{key}".encode()).hexdigest(), 16)
+    return "heldout" if h % 100 < HELDOUT_PERCENT else "train"
+
+
+def _module(part: str, filler: str) -> str:
+    return f"PART = '{part}'\n\n\n{filler}"
+
+
+@TASK_SOURCES.register("keychain")
+def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    rng = random.Random(f"composer_rl-keychain:{seed}:{split}:{index}")
+    while True:  # the key decides the split
+        parts = ["".join(rng.choice(ALPHABET) for _ in range(PART_CHARS)) for _ in range(N_PARTS)]
+        key = "".join(parts)
+        if _split_of(key) == split:
+            break
+    fillers = [t.source.format(name=rng.choice(t.names), k=rng.choice(t.consts))
+               for t in rng.sample(TEMPLATES, N_PARTS)]
+    paths = [f"m{i + 1}.py" for i in range(N_PARTS)]
+    files = {p: _module(part, f) for p, part, f in zip(paths, parts, fillers)}
+    files[KEY_PATH] = KEY_SOURCE
+    # The visible test checks the form only: a failing assertion would print the key.
+    files[TEST_PATH] = ("from key import key\n\n\ndef test_key_form():\n"
+                        f"    assert isinstance(key(), str) and len(key()) == {len(key)}\n")
+    hidden = {HIDDEN_PATH: f"from key import key\n\n\ndef test_key():\n    assert key() == {key!r}\n"}
+    # Terse: on a byte-level model every byte of the prompt is a token of every context.
+    prompt = (f"Make key() in {KEY_PATH} return the PART values of "
+              f"{' '.join(paths)} joined in that order, as one literal.")
+    return Task(
+        id=content_id("kc", key, fillers, seed), family="keychain", split=split, files=files,
+        editable=(KEY_PATH,), visible_tests=(TEST_PATH,), hidden_tests=hidden,
+        test_cmd="python -m pytest -q tests", prompt=prompt,
+        oracle=(Edit(KEY_PATH, "return ''", f"return '{key}'"),),
+        test_paths=("tests",),
+        test_ids=("tests.test_key::test_key_form", "tests.test_key_hidden::test_key"),
+        checks=({"id": "test_key", "func": "key", "args": [], "expected": key},),
+        module="key", world_only=tuple(paths),
+        meta={"files": paths, "parts": parts, "key": key, "seed": seed, "index": index})
