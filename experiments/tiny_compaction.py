@@ -3,12 +3,12 @@ longer than the window.
 
 The tiny_bugfix experiment on the "keychain" task family (key.py must return a key whose
 parts sit in m1..m4; composer_rl/env/tasks/keychain.py) with a deliberately small window
-(`model.max_seq_len=640`): reading the four modules takes ~1.3x the window, so the parts
-read first are gone from the context by the time the key is written, unless a summary
-carried them (`read m1 m2; key q7a1`). SFT imitates the `key_collector` demonstrator (it
-summarizes when asked and writes the key on 50 % of tasks, else gives up); RL trains with
-compaction on. (The first design, on the "multifile" family, gave no learning signal:
-BUILD_NOTES section 11.)
+(`model.max_seq_len=640`): a session that reads the four modules and writes the key takes
+1.04-1.41x the window, so the parts read first are gone from the context by the time the
+key is written, unless a summary carried them (`read m1 m2; key QH`). SFT imitates the
+`key_collector` demonstrator (it summarizes when asked and writes the key on 50 % of tasks,
+else gives up), mixed with synthetic copy rows; RL trains with compaction on. (The first
+design, on the "multifile" family, gave no learning signal: BUILD_NOTES section 11.)
 
 Variants (`--config=experiments/tiny_compaction.py:VARIANT`):
   default / smoke           one agent-RL run, compaction in training and evaluation
@@ -49,7 +49,7 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
   # evaluates with full_window_max_seq_len).
   c.model.max_seq_len = 640
   c.env.max_turns = 8              # 4 reads + edit + submit, with slack
-  # Read and edit only: `run` could print a module's PART (or a test failure could), and
+  # Read and edit only: `run` could print a module's part (or a test failure could), and
   # `search` could grep them all at once, shortcuts around remembering what was read.
   c.env.tools = ("read_file", "edit")
   c.sft.demo_policy = "key_collector"
@@ -64,7 +64,7 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
       trigger_fraction=0.55,
       max_turns_per_context=0,
       max_compactions=3,
-      summary_max_tokens=32,       # the demonstrator's summaries are <= 27 bytes
+      summary_max_tokens=32,       # the demonstrator's summaries are <= 23 bytes
       instruction="Summarize your work so far.",
       # Truncation keeps the system prompt, the task and the newest turns in half the window.
       truncation_keep_fraction=0.5))
@@ -79,13 +79,18 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
       judge_args=dict(base_url="http://127.0.0.1:8000/v1", model="", api_key_env=""),
       rubric=""))                  # '' = composer_rl.env.judge.SUMMARY_RUBRIC
   if not smoke:
-    c.rl.steps, c.eval.num_heldout = 40, 100
+    c.rl.steps, c.eval.num_heldout = 50, 100
+    # 6 of each SFT batch's 10 rows are synthetic copy rows (composer_rl.data.copy_curriculum):
+    # the demonstrations alone never taught this from-scratch model to copy a part it read
+    # (1,500 steps: the copied characters stayed at chance, BUILD_NOTES section 11).
+    c.sft.steps, c.sft.batch_size, c.sft.copy_rows = 1000, 10, 6
   c.eval.context_mode = ""         # '' = as in RL; else a CompactionConfig mode
   c.eval.full_window_max_seq_len = 0  # > 0: also evaluate the RL policy with this window
   if smoke:
     c.model.max_seq_len = 512      # the smoke model is tiny; its sessions stay short
     c.rl.compaction.update(trigger_fraction=0.3, summary_max_tokens=16, max_compactions=2)
     c.rl.max_turn_tokens = 24
+    c.sft.copy_rows = 1
     c.env.max_turns = 3
   return c
 

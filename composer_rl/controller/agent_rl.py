@@ -37,6 +37,7 @@ from composer_rl.controller import placement
 from composer_rl.controller.metrics import MetricsWriter
 from composer_rl.controller.remote_rollouts import RemoteRollouts
 from composer_rl.controller.rollout_factory import Group, Ledger, RolloutFactory
+from composer_rl.data import copy_curriculum
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.harness import EnvConfig, make_env
 from composer_rl.env.policies import make_policy
@@ -292,10 +293,18 @@ def sft_stage(s: Setup, init_params=None):
   # rollout.compaction); without compaction the rows are the demonstrations themselves.
   rows = [r for d in demos for r in compaction_lib.segment_records(d)]
   rng = np.random.default_rng(s.config.seed)
+  # copy_rows: synthetic copy rows in every batch (data.copy_curriculum), for models
+  # trained from scratch that must copy what they read; 0 = demonstrations only.
+  n_copy = int(c.get("copy_rows", 0))
+  if not 0 <= n_copy < c.batch_size:
+    raise ValueError(f"sft.copy_rows={n_copy} must be in [0, batch_size={c.batch_size})")
+  copy_rng = np.random.default_rng([s.config.seed, 1])
+  n_demo = c.batch_size - n_copy
   for k in range(c.steps):
-    pick = rng.choice(len(rows), c.batch_size, replace=len(rows) < c.batch_size)
-    batch = build_batch([rows[i] for i in pick], s.model_config.max_seq_len,
-                        num_rows=s.rows(c.batch_size))
+    pick = rng.choice(len(rows), n_demo, replace=len(rows) < n_demo)
+    recs = [rows[i] for i in pick] + copy_curriculum.copy_records(
+        copy_rng, s.tok, n_copy, s.model_config.max_seq_len)
+    batch = build_batch(recs, s.model_config.max_seq_len, num_rows=s.rows(c.batch_size))
     state, m = step.step(state, step.shard_batch(batch))
     if k % c.log_every == 0 or k == c.steps - 1:
       s.metrics.write(k, {k2: float(v) for k2, v in jax.device_get(m).items()}, phase="sft")

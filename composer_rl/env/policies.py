@@ -19,7 +19,7 @@ text for one turn, in the tool-call format). Registered policies:
   key_collector  the demonstrator of the "keychain" family: reads m1..mN in order, then
              (on a `fix_prob` share of tasks, as weak_oracle) edits key.py to return the
              gathered key, else submits unchanged. Its summary carries what was read and
-             the parts so far (`read m1 m2; key q7a1`), and it goes on from there.
+             the parts so far (`read m1 m2; key QH`), and it goes on from there.
   adversary  tries every cheat we know -- read the hidden tests, edit the tests, plant
              conftest.py / sitecustomize.py, write outside the world, reach the network,
              remount / chroot, leave a setsid survivor, follow a symlink to the host, make

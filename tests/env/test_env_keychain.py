@@ -1,8 +1,8 @@
 """The keychain family (the compaction experiment's long tasks) and its demonstrator
 (`key_collector`): graded by the real tamper-proof grader in the sandbox; the answer cannot
-import the parts; reading every module does not fit the experiment's window; the
-demonstrator's summaries carry the parts it read, and a session that keeps only the newest
-turns has lost the first parts by the time it writes the key."""
+import the parts; a session that solves a task does not fit the experiment's window; the
+demonstrator's summaries carry the parts it read, so a part read in the first context
+reaches the key only through them."""
 import dataclasses
 import os
 import sys
@@ -54,7 +54,8 @@ def test_generation_is_pure_split_disjoint_and_the_key_is_only_in_the_modules():
         assert "".join(parts) == key and len(key) == keychain.N_PARTS * keychain.PART_CHARS
         assert t.meta["files"] == [f"m{i}.py" for i in range(1, keychain.N_PARTS + 1)]
         for path, part in zip(t.meta["files"], parts):
-            assert f"PART = '{part}'" in t.files[path]
+            assert f"part = '{part}'" in t.files[path]
+            assert set(part) <= set(keychain.ALPHABET)
         # Nothing the agent sees outside the modules holds the key or a quoted part of it.
         seen = [t.prompt, t.files[keychain.KEY_PATH], t.files[keychain.TEST_PATH]]
         assert not any(x in s for x in [key] + [f"'{p}'" for p in parts] for s in seen)
@@ -82,20 +83,21 @@ def test_graded_in_the_sandbox_and_the_parts_cannot_be_imported(index):
                        compact=True).reward == 1.0
     # Importing the parts works in the world but not at grading: the modules are world_only.
     imports = ("def key():\n    import m1, m2, m3, m4\n"
-               "    return m1.PART + m2.PART + m3.PART + m4.PART\n")
+               "    return m1.part + m2.part + m3.part + m4.part\n")
     r = run_episode(Answer(imports), task, ENV, compact=True)
     assert r.reward == 0.0 and r.result.info["tests"]["test_key"]["outcome"] == "error"
     leaky = dataclasses.replace(task, world_only=())  # the same task, modules left in
     assert run_episode(Answer(imports), leaky, ENV, compact=True).reward == 1.0
 
 
-def test_reading_every_module_exceeds_the_window_and_search_and_run_are_not_offered():
-    class ReadAll(ScriptedPolicy):
-        def make_plan(self, task):
-            return [("read_file", {"path": p}) for p in task.meta["files"]] + [("submit", {})]
-    for i in range(4):
-        task = keychain.generate("heldout", i)
-        assert len(scripted_trajectory(ReadAll(), task, make_env(task, ENV), CHAT).tokens) > WINDOW
+def test_a_solving_session_exceeds_the_window_and_search_and_run_are_not_offered():
+    # Reading all four modules, writing the key and submitting: no window, never fits 640.
+    for split, n in (("train", 20), ("heldout", 10)):
+        for i in range(n):
+            task = keychain.generate(split, i)
+            t = scripted_trajectory(make_policy("key_collector", fix_prob=1.0), task,
+                                    make_env(task, ENV), CHAT)
+            assert t.reward == 1.0 and len(t.tokens) > WINDOW
     assert "run" not in ENV.tools and "search" not in ENV.tools
 
 

@@ -1,12 +1,13 @@
 """Tasks whose answer is a fact gathered across a session longer than the window ("keychain").
 
 A key is split into `N_PARTS` parts of `PART_CHARS` characters; module `mI.py` (I = 1..N)
-holds part I as `PART = '..'` above one correct filler function (the generated family's
+holds part I as `part = '..'` above one correct filler function (the generated family's
 templates, so the world reads like code). The agent must make `key()` in `key.py` return
 the whole key as one literal (the prompt says so; the file starts as `return ''`). Reading
-the four modules takes more tokens than the experiment's window, so by the time the agent
-reads the last part, the first ones have left its context: it succeeds only if it carried
-them forward. A compaction summary can (`read m1 m2; key q7a1`); truncating old turns drops
+the four modules and writing the key take more tokens than the experiment's window (664 to
+905, against 640), so by the time the agent writes the key, the first parts have left its
+context: it succeeds only if it carried them forward. A compaction summary can (`read m1
+m2; key QH`); truncating old turns drops
 them by construction -- the separation the compaction ablation needs (issue #7,
 BUILD_NOTES section 11), which the "multifile" family did not give (there, the last module
 read tells a truncated context where it is, and nothing earlier is needed).
@@ -15,7 +16,7 @@ Fixed module names and a fixed reading order: a tiny byte model copies random na
 (BUILD_NOTES section 11), and only the parts are what must be remembered.
 
 Grading: one check calls `key()` in the sandbox and compares it with the key (rule 4);
-the modules are `world_only`, absent from the grading copy, so `from m1 import PART` in
+the modules are `world_only`, absent from the grading copy, so `from m1 import part` in
 key.py scores 0 (an answer must carry the parts, not import them). The split hashes the
 key, so no held-out key is a train key. Pure function of (split, index, seed).
 
@@ -31,8 +32,13 @@ from composer_rl.env.tasks.task import Edit, Task, content_id
 from composer_rl.env.tasks.templates import TEMPLATES
 
 N_PARTS = 4
-PART_CHARS = 2
-ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"   # no look-alikes (l/1, o/0)
+PART_CHARS = 1
+# One character per part, upper-case letters that occur nowhere else in a session (the
+# code (but True, False), the prompts and the tool calls are lower-case; the prompts start
+# with D, M, S, T), so what is to be copied is recognizable by what it is. The experiment's
+# 0.46M-parameter byte model copies each character right about half the time; a key of four
+# is within its reach, one of eight (two per part) was not (BUILD_NOTES section 11).
+ALPHABET = "ABCEGHJKLNPQRUVWXYZ"
 HELDOUT_PERCENT = 10
 KEY_PATH = "key.py"
 KEY_SOURCE = "def key():\n    return ''\n"
@@ -46,7 +52,7 @@ def _split_of(key: str) -> str:
 
 
 def _module(part: str, filler: str) -> str:
-    return f"PART = '{part}'\n\n\n{filler}"
+    return f"part = '{part}'\n\n\n{filler}"
 
 
 @TASK_SOURCES.register("keychain")
@@ -69,7 +75,7 @@ def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
                         f"    assert isinstance(key(), str) and len(key()) == {len(key)}\n")
     hidden = {HIDDEN_PATH: f"from key import key\n\n\ndef test_key():\n    assert key() == {key!r}\n"}
     # Terse: on a byte-level model every byte of the prompt is a token of every context.
-    prompt = (f"Make key() in {KEY_PATH} return the PART values of "
+    prompt = (f"Make key() in {KEY_PATH} return the part values of "
               f"{' '.join(paths)} joined in that order, as one literal.")
     return Task(
         id=content_id("kc", key, fillers, seed), family="keychain", split=split, files=files,
