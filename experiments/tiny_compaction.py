@@ -5,7 +5,7 @@ The tiny_bugfix experiment on the "keychain" task family (key.py must return a k
 parts sit in m1..m4; composer_rl/env/tasks/keychain.py) with a deliberately small window
 (`model.max_seq_len=640`): a session that reads the four modules and writes the key takes
 1.04-1.41x the window, so the parts read first are gone from the context by the time the
-key is written, unless a summary carried them (`read m1 m2; key QH`). SFT imitates the
+key is written, unless a summary carried them (`k1 = 'Q' k2 = 'H'`). SFT imitates the
 `key_collector` demonstrator (it summarizes when asked and writes the key on 50 % of tasks,
 else gives up), mixed with synthetic copy rows; RL trains with compaction on. (The first
 design, on the "multifile" family, gave no learning signal: BUILD_NOTES section 11.)
@@ -64,7 +64,7 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
       trigger_fraction=0.55,
       max_turns_per_context=0,
       max_compactions=3,
-      summary_max_tokens=32,       # the demonstrator's summaries are <= 23 bytes
+      summary_max_tokens=48,       # the demonstrator's summaries are <= 35 bytes
       instruction="Summarize your work so far.",
       # Truncation keeps the system prompt, the task and the newest turns in half the window.
       truncation_keep_fraction=0.5))
@@ -79,11 +79,11 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
       judge_args=dict(base_url="http://127.0.0.1:8000/v1", model="", api_key_env=""),
       rubric=""))                  # '' = composer_rl.env.judge.SUMMARY_RUBRIC
   if not smoke:
-    c.rl.steps, c.eval.num_heldout = 50, 100
+    c.rl.steps, c.eval.num_heldout = 40, 100
     # 6 of each SFT batch's 10 rows are synthetic copy rows (composer_rl.data.copy_curriculum):
     # the demonstrations alone never taught this from-scratch model to copy a part it read
     # (1,500 steps: the copied characters stayed at chance, BUILD_NOTES section 11).
-    c.sft.steps, c.sft.batch_size, c.sft.copy_rows = 1000, 10, 6
+    c.sft.steps, c.sft.batch_size, c.sft.copy_rows = 800, 10, 6
   c.eval.context_mode = ""         # '' = as in RL; else a CompactionConfig mode
   c.eval.full_window_max_seq_len = 0  # > 0: also evaluate the RL policy with this window
   if smoke:

@@ -17,9 +17,9 @@ text for one turn, in the tool-call format). Registered policies:
              it ruled out or which one holds the function, and after the context restart
              it re-reads that module before editing (the edit needs its exact text).
   key_collector  the demonstrator of the "keychain" family: reads m1..mN in order, then
-             (on a `fix_prob` share of tasks, as weak_oracle) edits key.py to return the
-             gathered key, else submits unchanged. Its summary carries what was read and
-             the parts so far (`read m1 m2; key QH`), and it goes on from there.
+             (on a `fix_prob` share of tasks, as weak_oracle) sets the parts in key.py
+             with one edit, else submits unchanged. Its summary carries what was read and
+             the parts so far (`k1 = 'Q' k2 = 'H'`), and it goes on from there.
   adversary  tries every cheat we know -- read the hidden tests, edit the tests, plant
              conftest.py / sitecustomize.py, write outside the world, reach the network,
              remount / chroot, leave a setsid survivor, follow a symlink to the host, make
@@ -159,8 +159,10 @@ class KeyCollectorPolicy(WeakOraclePolicy):
 
     def summarize(self) -> str:
         """Asked after the latest read's observation: it is part of what was read."""
-        stems = " ".join(p[:-3] for p in self.files[:self.n_read])
-        return f"read {stems}; key {''.join(self.parts[:self.n_read])}" if stems else "read none"
+        # The parts in the form they were read in (`k1 = 'Q'`): the form a copy of them is
+        # written in at the end, so the model copies each after the same words.
+        known = " ".join(f"k{i + 1} = '{p}'" for i, p in enumerate(self.parts[:self.n_read]))
+        return known or "nothing read"
 
 
 @POLICIES.register("null")

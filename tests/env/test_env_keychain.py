@@ -28,17 +28,18 @@ COMP = cl.CompactionConfig(**dict(CFG.rl.compaction))
 ENV = EnvConfig(compact_prompt=True, max_turns=CFG.env.max_turns,
                 system_prompt=CFG.env.system_prompt, tools=tuple(CFG.env.tools))
 CHAT = ChatFormat(ByteTokenizer())
+ALL_TOOLS = dataclasses.replace(ENV, tools=())
 
 
 class Answer(ScriptedPolicy):
-    """Writes `content` into key.py and submits."""
+    """Writes `content` as key.py and submits (with every tool allowed: `ALL_TOOLS`)."""
 
     def __init__(self, content):
         self.content = content
 
     def make_plan(self, task):
-        return [("edit", {"path": keychain.KEY_PATH, "old": keychain.KEY_SOURCE,
-                          "new": self.content}), ("submit", {})]
+        return [("write_file", {"path": keychain.KEY_PATH, "content": self.content}),
+                ("submit", {})]
 
 
 def test_generation_is_pure_split_disjoint_and_the_key_is_only_in_the_modules():
@@ -54,10 +55,11 @@ def test_generation_is_pure_split_disjoint_and_the_key_is_only_in_the_modules():
         assert "".join(parts) == key and len(key) == keychain.N_PARTS * keychain.PART_CHARS
         assert t.meta["files"] == [f"m{i}.py" for i in range(1, keychain.N_PARTS + 1)]
         for path, part in zip(t.meta["files"], parts):
-            assert f"part = '{part}'" in t.files[path]
+            assert t.files[path].startswith(f"k{path[1]} = '{part}'\n")
             assert set(part) <= set(keychain.ALPHABET)
         # Nothing the agent sees outside the modules holds the key or a quoted part of it.
         seen = [t.prompt, t.files[keychain.KEY_PATH], t.files[keychain.TEST_PATH]]
+        assert t.files[keychain.KEY_PATH] == keychain.KEY_SOURCE
         assert not any(x in s for x in [key] + [f"'{p}'" for p in parts] for s in seen)
         assert t.world_only == tuple(t.meta["files"]) and t.editable == (keychain.KEY_PATH,)
     with pytest.raises(ValueError, match="split"):
@@ -77,17 +79,17 @@ def test_graded_in_the_sandbox_and_the_parts_cannot_be_imported(index):
     key = task.meta["key"]
     assert run_episode("oracle", task, ENV, compact=True).reward == 1.0
     assert run_episode("null", task, ENV, compact=True).reward == 0.0
-    assert run_episode(Answer(f"def key():\n    return '{key[:-1]}x'\n"), task, ENV,
+    assert run_episode(Answer(f"def key():\n    return '{key[:-1]}x'\n"), task, ALL_TOOLS,
                        compact=True).reward == 0.0
-    assert run_episode(Answer(f"def key():\n    return '{key}'\n"), task, ENV,
+    assert run_episode(Answer(f"def key():\n    return '{key}'\n"), task, ALL_TOOLS,
                        compact=True).reward == 1.0
     # Importing the parts works in the world but not at grading: the modules are world_only.
-    imports = ("def key():\n    import m1, m2, m3, m4\n"
-               "    return m1.part + m2.part + m3.part + m4.part\n")
-    r = run_episode(Answer(imports), task, ENV, compact=True)
+    imports = "from m1 import k1\nfrom m2 import k2\nfrom m3 import k3\nfrom m4 import k4\n" + (
+        keychain.KEY_SOURCE[len(keychain.BLANKS):])
+    r = run_episode(Answer(imports), task, ALL_TOOLS, compact=True)
     assert r.reward == 0.0 and r.result.info["tests"]["test_key"]["outcome"] == "error"
     leaky = dataclasses.replace(task, world_only=())  # the same task, modules left in
-    assert run_episode(Answer(imports), leaky, ENV, compact=True).reward == 1.0
+    assert run_episode(Answer(imports), leaky, ALL_TOOLS, compact=True).reward == 1.0
 
 
 def test_a_solving_session_exceeds_the_window_and_search_and_run_are_not_offered():
@@ -115,10 +117,10 @@ def test_demonstrator_carries_the_parts_through_its_summaries():
         assert t.reward == 1.0 and t.finish_reason == "submitted", (i, t.finish_reason)
         assert len(t.segments) >= 1 and len(t.tokens) > WINDOW
         assert all(b - a <= WINDOW for a, b in cl.segment_bounds(t))
-        for seg in t.segments:  # "read m1 m2; key <parts 1-2>"
-            n = seg["summary"].count(" m")
-            assert seg["summary"] == (
-                f"read {' '.join(f'm{k}' for k in range(1, n + 1))}; key {''.join(parts[:n])}")
+        for seg in t.segments:  # "k1 = 'Q' k2 = 'H'": the parts read so far, as read
+            n = seg["summary"].count(" = ")
+            assert n >= 1 and seg["summary"] == " ".join(
+                f"k{k + 1} = '{parts[k]}'" for k in range(n))
         # The module holding part 1 was read in the first context only: after a restart
         # the part lives on in the summaries alone.
         first_read = t.turn_texts.index(next(x for x in t.turn_texts if "m1.py" in x))

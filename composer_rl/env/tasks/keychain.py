@@ -41,7 +41,9 @@ PART_CHARS = 1
 ALPHABET = "ABCEGHJKLNPQRUVWXYZ"
 HELDOUT_PERCENT = 10
 KEY_PATH = "key.py"
-KEY_SOURCE = "def key():\n    return ''\n"
+BLANKS = "".join(f"k{i + 1} = ''\n" for i in range(N_PARTS))   # key.py's parts, unset
+KEY_SOURCE = BLANKS + "\n\ndef key():\n    return " + " + ".join(
+    f"k{i + 1}" for i in range(N_PARTS)) + "\n"
 TEST_PATH = "tests/test_key.py"
 HIDDEN_PATH = "tests/test_key_hidden.py"
 
@@ -51,8 +53,8 @@ def _split_of(key: str) -> str:
     return "heldout" if h % 100 < HELDOUT_PERCENT else "train"
 
 
-def _module(part: str, filler: str) -> str:
-    return f"part = '{part}'\n\n\n{filler}"
+def _module(i: int, part: str, filler: str) -> str:
+    return f"k{i + 1} = '{part}'\n\n\n{filler}"
 
 
 @TASK_SOURCES.register("keychain")
@@ -68,20 +70,21 @@ def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
     fillers = [t.source.format(name=rng.choice(t.names), k=rng.choice(t.consts))
                for t in rng.sample(TEMPLATES, N_PARTS)]
     paths = [f"m{i + 1}.py" for i in range(N_PARTS)]
-    files = {p: _module(part, f) for p, part, f in zip(paths, parts, fillers)}
+    files = {p: _module(i, part, f) for i, (p, part, f) in enumerate(zip(paths, parts, fillers))}
     files[KEY_PATH] = KEY_SOURCE
     # The visible test checks the form only: a failing assertion would print the key.
     files[TEST_PATH] = ("from key import key\n\n\ndef test_key_form():\n"
                         f"    assert isinstance(key(), str) and len(key()) == {len(key)}\n")
     hidden = {HIDDEN_PATH: f"from key import key\n\n\ndef test_key():\n    assert key() == {key!r}\n"}
     # Terse: on a byte-level model every byte of the prompt is a token of every context.
-    prompt = (f"Make key() in {KEY_PATH} return the part values of "
-              f"{' '.join(paths)} joined in that order, as one literal.")
+    prompt = (f"Set k1..k{N_PARTS} in {KEY_PATH} to the values they have in "
+              f"{' '.join(paths)}.")
     return Task(
         id=content_id("kc", key, fillers, seed), family="keychain", split=split, files=files,
         editable=(KEY_PATH,), visible_tests=(TEST_PATH,), hidden_tests=hidden,
         test_cmd="python -m pytest -q tests", prompt=prompt,
-        oracle=(Edit(KEY_PATH, "return ''", f"return '{key}'"),),
+        oracle=(Edit(KEY_PATH, BLANKS.rstrip("\n"), "\n".join(
+            f"k{i + 1} = '{p}'" for i, p in enumerate(parts))),),
         test_paths=("tests",),
         test_ids=("tests.test_key::test_key_form", "tests.test_key_hidden::test_key"),
         checks=({"id": "test_key", "func": "key", "args": [], "expected": key},),
