@@ -4,7 +4,7 @@ longer than the window.
 The tiny_bugfix experiment on the "keychain" task family (key.py must return a key whose
 parts sit in m1..m4; composer_rl/env/tasks/keychain.py) with a deliberately small window
 (`model.max_seq_len=640`): a session that reads the four modules and writes the key takes
-1.04-1.41x the window, so the parts read first are gone from the context by the time the
+1.05-1.42x the window, so the parts read first are gone from the context by the time the
 key is written, unless a summary carried them (`k1 = 'Q' k2 = 'H'`). SFT imitates the
 `key_collector` demonstrator (it summarizes when asked and writes the key on 50 % of tasks,
 else gives up), mixed with synthetic copy rows; RL trains with compaction on. (The first

@@ -1,22 +1,24 @@
 """Tasks whose answer is a fact gathered across a session longer than the window ("keychain").
 
 A key is split into `N_PARTS` parts of `PART_CHARS` characters; module `mI.py` (I = 1..N)
-holds part I as `part = '..'` above one correct filler function (the generated family's
-templates, so the world reads like code). The agent must make `key()` in `key.py` return
-the whole key as one literal (the prompt says so; the file starts as `return ''`). Reading
-the four modules and writing the key take more tokens than the experiment's window (664 to
-905, against 640), so by the time the agent writes the key, the first parts have left its
-context: it succeeds only if it carried them forward. A compaction summary can (`read m1
-m2; key QH`); truncating old turns drops
-them by construction -- the separation the compaction ablation needs (issue #7,
-BUILD_NOTES section 11), which the "multifile" family did not give (there, the last module
-read tells a truncated context where it is, and nothing earlier is needed).
+holds part I as `kI = 'Q'` above one correct filler function (the generated family's
+templates, so the world reads like code). `key.py` starts with `k1 = ''` .. `k4 = ''` and
+`def key(): return k1 + k2 + k3 + k4`; the agent must set each kI there to its value in mI.py
+(the prompt says so). Reading the four modules and setting the parts take more tokens than
+the experiment's window (670 to 911, against 640), so by the time the agent writes the
+parts, the first ones have left its context: it succeeds only if it carried them forward.
+A compaction summary can (`k1 = 'Q' k2 = 'H'`); truncating old turns drops them by
+construction -- the separation the compaction ablation needs (issue #7, BUILD_NOTES
+section 11), which the "multifile" family did not give (there, the last module read tells
+a truncated context where it is, and nothing earlier is needed). The parts are written as
+`kI = 'Q'` everywhere (module, summary, answer) so that copying one is copying what follows
+the same words, the kind of copy a small model learns (`data/copy_curriculum.py`).
 
 Fixed module names and a fixed reading order: a tiny byte model copies random names badly
 (BUILD_NOTES section 11), and only the parts are what must be remembered.
 
 Grading: one check calls `key()` in the sandbox and compares it with the key (rule 4);
-the modules are `world_only`, absent from the grading copy, so `from m1 import part` in
+the modules are `world_only`, absent from the grading copy, so `from m1 import k1` in
 key.py scores 0 (an answer must carry the parts, not import them). The split hashes the
 key, so no held-out key is a train key. Pure function of (split, index, seed).
 
@@ -35,9 +37,7 @@ N_PARTS = 4
 PART_CHARS = 1
 # One character per part, upper-case letters that occur nowhere else in a session (the
 # code (but True, False), the prompts and the tool calls are lower-case; the prompts start
-# with D, M, S, T), so what is to be copied is recognizable by what it is. The experiment's
-# 0.46M-parameter byte model copies each character right about half the time; a key of four
-# is within its reach, one of eight (two per part) was not (BUILD_NOTES section 11).
+# with D, S, T), so what is to be copied is recognizable by what it is.
 ALPHABET = "ABCEGHJKLNPQRUVWXYZ"
 HELDOUT_PERCENT = 10
 KEY_PATH = "key.py"
