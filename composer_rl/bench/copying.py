@@ -1,0 +1,109 @@
+"""Does a model copy what it read? Two measurements, each printing one JSON object.
+
+`--mode=probe`: SFT the tiny_bugfix architecture from scratch on synthetic rows and log the
+loss on the copied tokens (ln 19 ~ 2.94 = chance over the 19 upper-case letters):
+  fixed    `xx STRING yy STRING`: the copy sits at a fixed offset
+  sparse   four `mI.py: part = 'XY'` lines in code, then `key ` and the 8 letters (the
+           loss on those 9 tokens only)
+  dense    data.copy_curriculum rows (every repeat trained)
+  python -m composer_rl.bench.copying --mode=probe --rows=dense --steps=400   # ~3 min
+
+`--mode=rollouts`: how well a keychain experiment's sessions copied the parts, from a
+workdir's saved rollouts: the share of parts a summary restates correctly (against what
+the session read), the share of sessions that set the parts, and exact answers.
+  python -m composer_rl.bench.copying --mode=rollouts \
+      --rollouts='/tmp/tiny_compaction/compaction/rollouts/rl_step_*.jsonl'
+"""
+import glob
+import json
+import re
+import time
+
+from absl import app, flags
+import jax
+import numpy as np
+
+from composer_rl.data import copy_curriculum
+from composer_rl.data.byte_tokenizer import ByteTokenizer
+from composer_rl.model import sharding
+from composer_rl.model.config import ModelConfig
+from composer_rl.train import sft
+from composer_rl.train.optimizer import OptimizerConfig
+
+_MODE = flags.DEFINE_enum("mode", "probe", ["probe", "rollouts"], "what to measure")
+_ROWS = flags.DEFINE_enum("rows", "dense", ["fixed", "sparse", "dense"], "probe rows")
+_STEPS = flags.DEFINE_integer("steps", 400, "probe SFT steps")
+_ROLLOUTS = flags.DEFINE_string("rollouts", "", "glob of rollout JSONL files")
+
+_PART = re.compile(r"(k\d) = '([A-Z])'")
+
+
+def _fixed(rng, tok, seq_len):
+  p = "".join(rng.choice(list(copy_curriculum.UPPER), 8))
+  pre, ans = tok.encode(f"xx {p} yy "), tok.encode(p)
+  return dict(tokens=pre + ans, loss_mask=[0] * len(pre) + [1] * len(ans))
+
+
+def _sparse(rng, tok, seq_len):
+  parts = ["".join(rng.choice(list(copy_curriculum.UPPER), 2)) for _ in range(4)]
+  filler = lambda: "".join(rng.choice(list("abcdefghij klmnopqrstuvwxyz\n"),
+                                      size=int(rng.integers(10, 41))))
+  text = "".join(f"m{i + 1}.py: part = '{p}'\n{filler()}\n" for i, p in enumerate(parts))
+  pre, ans = tok.encode(text + "key "), tok.encode("".join(parts) + "\n")
+  return dict(tokens=pre + ans, loss_mask=[0] * len(pre) + [1] * len(ans))
+
+
+def probe(rows: str, steps: int) -> dict:
+  tok, seq_len = ByteTokenizer(), 256
+  mc = ModelConfig(vocab_size=tok.vocab_size, d_model=128, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=32, d_ff=384, max_seq_len=seq_len, row_tile=32,
+                   attention_query_block=16, compute_dtype="float32")
+  make = {"fixed": _fixed, "sparse": _sparse,
+          "dense": lambda r, t, n: copy_curriculum.copy_record(r, t, n)}[rows]
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  step = sft.make_sft_step(mc, OptimizerConfig(learning_rate=2e-3, warmup_steps=20,
+                                               total_steps=steps), mesh)
+  state, rng, t0, curve = step.init_state(0), np.random.default_rng(0), time.time(), {}
+  for k in range(steps):
+    batch = sft.sft_batch([make(rng, tok, seq_len) for _ in range(8)], seq_len)
+    state, m = step.step(state, step.shard_batch(batch))
+    if k % 25 == 0 or k == steps - 1:
+      curve[k] = round(float(m["loss"]), 3)
+  below = [k for k, v in curve.items() if v < 0.5 * np.log(19)]
+  return dict(rows=rows, steps=steps, copy_loss=curve, chance=round(float(np.log(19)), 3),
+              first_logged_step_below_half_chance=below[0] if below else None,
+              seconds=round(time.time() - t0, 1))
+
+
+def rollouts(pattern: str) -> dict:
+  files = sorted(glob.glob(pattern))
+  if not files:
+    raise ValueError(f"no rollout files match {pattern!r}")
+  n = edits = exact = right = restated = 0
+  for path in files:
+    with open(path) as f:
+      for line in f:
+        r = json.loads(line)
+        n += 1
+        read = dict(m.groups() for o in r["observations"] for m in [_PART.search(o)] if m)
+        for seg in r.get("segments") or []:
+          for k, v in _PART.findall(seg["summary"]):
+            restated += 1
+            right += read.get(k) == v
+        for t in r["turn_texts"]:
+          if '"edit"' in t:
+            edits += 1
+            got = dict(_PART.findall(t.split('","')[-1]))
+            exact += len(read) == 4 and all(got.get(k) == v for k, v in read.items())
+  return dict(files=len(files), sessions=n, edit_rate=round(edits / max(n, 1), 3),
+              summary_parts=restated, summary_part_accuracy=round(right / max(restated, 1), 3),
+              exact_answers=exact)
+
+
+def main(_):
+  print(json.dumps(probe(_ROWS.value, _STEPS.value) if _MODE.value == "probe"
+                   else rollouts(_ROLLOUTS.value)))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,35 @@
+"""The copying benchmark: its rollout statistics on hand-made sessions, and a probe run."""
+import json
+
+import pytest
+
+from composer_rl.bench import copying
+
+
+def _session(reads, summaries, edit):
+  turns = [f'<t>["read","m{i + 1}.py"]</t>' for i in range(len(reads))]
+  obs = [f"1|k{i + 1} = '{p}'\n2|" for i, p in enumerate(reads)]
+  if edit is not None:
+    turns.append('<t>["edit","key.py","k1 = \'\'","' + edit + '"]</t>')
+    obs.append("edited key.py")
+  return dict(turn_texts=turns, observations=obs,
+              segments=[dict(turn=2, token=0, summary=s) for s in summaries])
+
+
+def test_rollout_statistics(tmp_path):
+  rows = [_session("ABCE", ["k1 = 'A' k2 = 'B'"], "k1 = 'A'\\nk2 = 'B'\\nk3 = 'C'\\nk4 = 'E'"),
+          _session("ABCE", ["k1 = 'A' k2 = 'A'"], "k1 = 'A'\\nk2 = 'A'\\nk3 = 'C'\\nk4 = 'E'"),
+          _session("GH", [], None)]
+  path = tmp_path / "rl_step_00000.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  out = copying.rollouts(str(tmp_path / "rl_step_*.jsonl"))
+  assert out == dict(files=1, sessions=3, edit_rate=round(2 / 3, 3), summary_parts=4,
+                     summary_part_accuracy=0.75, exact_answers=1)
+  with pytest.raises(ValueError, match="no rollout files"):
+    copying.rollouts(str(tmp_path / "nothing_*.jsonl"))
+
+
+def test_probe_runs_and_reports_the_curve():
+  out = copying.probe("sparse", 2)
+  assert out["rows"] == "sparse" and set(out["copy_loss"]) == {0, 1}
+  assert out["chance"] == 2.944 and out["copy_loss"][0] > 5.0
