@@ -59,8 +59,8 @@ class JudgeResult:
     raw: str
 
 
-def build_prompt(rubric: str, task, trajectory: List[dict]) -> str:
-    lines = ["RUBRIC:", rubric, "", "TASK:", getattr(task, "prompt", str(task)), "", "TRAJECTORY:"]
+def build_prompt(rubric: str, task, trajectory: List[dict], heading: str = "TRAJECTORY:") -> str:
+    lines = ["RUBRIC:", rubric, "", "TASK:", getattr(task, "prompt", str(task)), "", heading]
     for step in trajectory:
         obs = step.get("observation", "")
         if len(obs) > MAX_OBS_CHARS:
@@ -73,7 +73,7 @@ def build_prompt(rubric: str, task, trajectory: List[dict]) -> str:
 def build_summary_prompt(rubric: str, task, steps: List[dict], summary: str) -> str:
     """The rubric, the task, the tool calls and observations the summary replaces, and the
     summary itself."""
-    work = build_prompt(rubric, task, steps).replace("TRAJECTORY:", "WORK BEFORE THE SUMMARY:")
+    work = build_prompt(rubric, task, steps, heading="WORK BEFORE THE SUMMARY:")
     return f"{work}\n\nSUMMARY:\n{summary}"
 
 
@@ -108,7 +108,7 @@ def http_judge(base_url: str, model: str = "", api_key_env: str = "", timeout_s:
                max_tokens: int = 256) -> Callable[[str], str]:
     """A judge served over the OpenAI chat-completions protocol at `base_url` (e.g.
     "http://127.0.0.1:8000/v1"). The key, if any, is read from the environment variable
-    `api_key_env` (never from a config file). Errors raise; `judge_score` turns them into
+    `api_key_env` (never from a config file). Errors raise; `score_prompt` turns them into
     the error score with the reason."""
     if not base_url.startswith(("http://", "https://")):
         raise ValueError(f"judge base_url must be an http(s) URL, got {base_url!r}")

@@ -85,6 +85,10 @@ def test_each_summary_is_judged_on_the_work_it_replaces():
   assert judge_lib.SUMMARY_RUBRIC in first and "TASK:\ncount bytes" in first
   assert "act1" in first and "act2" in first and "act3" not in first
   assert first.endswith("SUMMARY:\nS1")
+  # The task's own words are shown as written, whatever they contain.
+  class Odd:
+    prompt = "see TRAJECTORY: below"
+  assert "TASK:\nsee TRAJECTORY: below\n" in judge_lib.build_summary_prompt("r", Odd(), [], "s")
   # S3 replaces the context that began after the truncation restart: turn 5 only.
   assert "act5" in second and "act4" not in second and "act6" not in second
   assert t.reward == pytest.approx(1.0 + 0.5 * (1.0 + 0.4) / 2)
