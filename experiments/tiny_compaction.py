@@ -6,7 +6,7 @@ parts sit in m1..m4; composer_rl/env/tasks/keychain.py) with a deliberately smal
 (`model.max_seq_len=640`): a session that reads the four modules and writes the key takes
 1.05-1.42x the window, so the parts read first are gone from the context by the time the
 key is written, unless a summary carried them (`k1 = 'Q' k2 = 'H'`). SFT imitates the
-`key_collector` demonstrator (it summarizes when asked and writes the key on 50 % of tasks,
+`key_collector` demonstrator (it summarizes when asked and writes the key on 80 % of tasks,
 else gives up), mixed with synthetic copy rows; RL trains with compaction on. (The first
 design, on the "multifile" family, gave no learning signal: BUILD_NOTES section 11.)
 
@@ -53,7 +53,9 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
   # `search` could grep them all at once, shortcuts around remembering what was read.
   c.env.tools = ("read_file", "edit")
   c.sft.demo_policy = "key_collector"
-  c.sft.demo_policy_args = dict(fix_prob=0.5, seed=0)
+  # Writes the key on 80 % of tasks, else gives up: at 0.5 the greedy SFT policy gave up on
+  # 93 % of held-out tasks, leaving RL little to start from.
+  c.sft.demo_policy_args = dict(fix_prob=0.8, seed=0)
   # composer_rl.rollout.compaction.CompactionConfig fields.
   c.rl.compaction = ml_collections.ConfigDict(dict(
       enabled=True,
@@ -80,10 +82,10 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
       rubric=""))                  # '' = composer_rl.env.judge.SUMMARY_RUBRIC
   if not smoke:
     c.rl.steps, c.eval.num_heldout = 40, 100
-    # 6 of each SFT batch's 10 rows are synthetic copy rows (composer_rl.data.copy_curriculum):
+    # 4 of each SFT batch's 10 rows are synthetic copy rows (composer_rl.data.copy_curriculum):
     # the demonstrations alone never taught this from-scratch model to copy a part it read
     # (1,500 steps: the copied characters stayed at chance, BUILD_NOTES section 11).
-    c.sft.steps, c.sft.batch_size, c.sft.copy_rows = 800, 10, 6
+    c.sft.steps, c.sft.batch_size, c.sft.copy_rows = 800, 10, 4
   c.eval.context_mode = ""         # '' = as in RL; else a CompactionConfig mode
   c.eval.full_window_max_seq_len = 0  # > 0: also evaluate the RL policy with this window
   if smoke:

@@ -5,7 +5,9 @@ loss on the copied tokens (ln 19 ~ 2.94 = chance over the 19 upper-case letters)
   fixed    `xx STRING yy STRING`: the copy sits at a fixed offset
   sparse   four `mI.py: part = 'XY'` lines in code, then `key ` and the 8 letters (the
            loss on those 9 tokens only)
-  dense    data.copy_curriculum rows (every repeat trained)
+  repeat   data.copy_curriculum rows with one name per block (each value repeated at once,
+           the first curriculum: learns to copy the latest value, not the named one)
+  dense    data.copy_curriculum rows (up to four names, recalled in a shuffled order)
   python -m composer_rl.bench.copying --mode=probe --rows=dense --steps=400   # ~3 min
 
 `--mode=rollouts`: how well a keychain experiment's sessions copied the parts, from a
@@ -31,7 +33,7 @@ from composer_rl.train import sft
 from composer_rl.train.optimizer import OptimizerConfig
 
 _MODE = flags.DEFINE_enum("mode", "probe", ["probe", "rollouts"], "what to measure")
-_ROWS = flags.DEFINE_enum("rows", "dense", ["fixed", "sparse", "dense"], "probe rows")
+_ROWS = flags.DEFINE_enum("rows", "dense", ["fixed", "sparse", "repeat", "dense"], "probe rows")
 _STEPS = flags.DEFINE_integer("steps", 400, "probe SFT steps")
 _ROLLOUTS = flags.DEFINE_string("rollouts", "", "glob of rollout JSONL files")
 
@@ -59,6 +61,7 @@ def probe(rows: str, steps: int) -> dict:
                    num_kv_heads=2, head_dim=32, d_ff=384, max_seq_len=seq_len, row_tile=32,
                    attention_query_block=16, compute_dtype="float32")
   make = {"fixed": _fixed, "sparse": _sparse,
+          "repeat": lambda r, t, n: copy_curriculum.copy_record(r, t, n, names_per_block=1),
           "dense": lambda r, t, n: copy_curriculum.copy_record(r, t, n)}[rows]
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   step = sft.make_sft_step(mc, OptimizerConfig(learning_rate=2e-3, warmup_steps=20,

@@ -1,16 +1,24 @@
-"""Synthetic copy rows: a string said once, said again later, trained on the repeat.
+"""Synthetic recall rows: several names said with their values, then recalled in another
+order, trained on the recalled values.
 
 Why: an agent that carries facts through its own summaries must copy strings it read
-hundreds of tokens earlier (a key's parts, BUILD_NOTES section 11). A pretrained LLM can do
-that from the start (induction heads form during pretraining); the tiny byte models trained
-from scratch here cannot, and learn it far too slowly from demonstrations alone, where
-copied tokens are a few percent of the trained ones: 1,500 SFT steps on keychain
-demonstrations left the copied characters at chance. Rows dense in copying (every repeat
-trained, repeats close together) start copying within ~200 steps in a probe (`c.sft.copy_rows` mixes them into SFT batches,
-`composer_rl.controller.agent_rl.sft_stage`).
+hundreds of tokens earlier, each under its own name (a key's parts `k1 = 'Q'`..`k4 = 'H'`,
+BUILD_NOTES section 11). A pretrained LLM can do that from the start (induction heads form
+during pretraining); the tiny byte models trained from scratch here cannot, and learn it far
+too slowly from demonstrations alone, where copied tokens are a few percent of the trained
+ones (1,500 SFT steps on keychain demonstrations left the copied characters at chance).
+`c.sft.copy_rows` mixes these rows into SFT batches
+(`composer_rl.controller.agent_rl.sft_stage`).
 
-A row: `name = 'STRING'`, filler lines, `name = 'STRING'` again, ... up to `seq_len`
-tokens; the loss mask is 1 on the repeated STRING only. Strings are upper-case letters
+The recall must be by name, not by position: with one name said and repeated at once
+(`names_per_block=1`, the first version of these rows) the model learns "copy the value
+after the latest `= '`", and its summaries then restate one part under every name
+(`k1 = 'U' k2 = 'U'`, 40 % of parts right). So a block says 1..`names_per_block` names
+(half the blocks `k1`-style names that differ in one digit, as the key's parts do), filler
+between, then recalls every name in a shuffled order.
+
+Row text: `name = 'VALUE'` lines and lower-case filler, then `name = 'VALUE'` again; the
+loss mask is 1 on the recalled VALUE bytes only. Values are upper-case letters
 (`alphabet`), the filler lower-case words and digits, so what is to be copied is
 recognizable and the filler says nothing about it. Pure function of the numpy generator.
 """
@@ -26,24 +34,51 @@ def _word(rng: np.random.Generator, chars: str, lo: int, hi: int) -> str:
   return "".join(rng.choice(list(chars), size=int(rng.integers(lo, hi + 1))))
 
 
+def _filler(rng: np.random.Generator, max_gap: int) -> str:
+  gap, words = int(rng.integers(5, max_gap + 1)), []
+  while sum(len(w) + 1 for w in words) < gap:
+    words.append(_word(rng, _LOWER + "0123456789", 1, 8))
+  return " ".join(words)
+
+
+def _names(rng: np.random.Generator, n: int) -> List[str]:
+  if rng.random() < 0.5:  # one prefix, digits apart: only the digit says which value
+    prefix = _word(rng, _LOWER, 1, 2)
+    return [f"{prefix}{d}" for d in rng.choice(9, n, replace=False) + 1]
+  names: List[str] = []
+  while len(names) < n:
+    w = _word(rng, _LOWER, 1, 6)
+    names += [w] if w not in names else []
+  return names
+
+
 def copy_record(rng: np.random.Generator, tokenizer, seq_len: int, alphabet: str = UPPER,
-                max_gap: int = 60) -> Dict[str, List[int]]:
-  """One row of at most `seq_len` tokens with as many (say, filler, repeat) triples as fit;
-  the gap between a string and its repeat is 5..`max_gap` bytes of filler."""
+                max_gap: int = 60, names_per_block: int = 4) -> Dict[str, List[int]]:
+  """One row of at most `seq_len` tokens with as many blocks as fit. A block says 1 to
+  `names_per_block` names, each followed by 5..`max_gap` bytes of filler, then recalls them
+  all in a random order (1 = say a name and repeat it at once)."""
+  if names_per_block < 1:
+    raise ValueError(f"names_per_block={names_per_block} must be >= 1")
   tokens: List[int] = []
   mask: List[int] = []
+  most = names_per_block
   while True:
-    name, value = _word(rng, _LOWER, 1, 6), _word(rng, alphabet, 2, 8)
-    gap, filler = int(rng.integers(5, max_gap + 1)), []
-    while sum(len(w) + 1 for w in filler) < gap:
-      filler.append(_word(rng, _LOWER + "0123456789", 1, 8))
-    lines = " ".join(filler)
-    say = tokenizer.encode(f"{name} = '{value}'\n{lines}\n{name} = '")
-    repeat, close = tokenizer.encode(value), tokenizer.encode("'\n")
-    if len(tokens) + len(say) + len(repeat) + len(close) > seq_len:
-      break
-    tokens += say + repeat + close
-    mask += [0] * len(say) + [1] * len(repeat) + [0] * len(close)
+    n = int(rng.integers(1, most + 1))
+    names = _names(rng, n)
+    values = {k: _word(rng, alphabet, 1, 4) for k in names}
+    toks, m = tokenizer.encode("".join(f"{k} = '{values[k]}'\n{_filler(rng, max_gap)}\n"
+                                       for k in names)), []
+    m = [0] * len(toks)
+    for k in rng.permutation(names):
+      say, value, close = (tokenizer.encode(f"{k} = '"), tokenizer.encode(values[k]),
+                           tokenizer.encode("'\n"))
+      toks, m = toks + say + value + close, m + [0] * len(say) + [1] * len(value) + [0] * len(close)
+    if len(tokens) + len(toks) > seq_len:
+      if tokens or n == 1:
+        break
+      most = n - 1  # a short row: the first block must fit, with fewer names
+      continue
+    tokens, mask = tokens + toks, mask + m
   if not tokens:
     raise ValueError(f"seq_len={seq_len} is too short for a copy row")
   return dict(tokens=tokens, loss_mask=mask)

@@ -1,6 +1,7 @@
-"""Synthetic copy rows (data.copy_curriculum): each trained span repeats, byte for byte, the
-value said earlier under the same name; nothing else is trained; rows fit their length and
-are a pure function of the generator's seed."""
+"""Synthetic recall rows (data.copy_curriculum): each trained span is, byte for byte, the
+value said earlier under the same name; names come back in another order than they were
+said (so the row cannot be solved by copying the latest value); nothing else is trained;
+rows fit their length and are a pure function of the generator's seed."""
 import re
 
 import numpy as np
@@ -10,21 +11,53 @@ from composer_rl.data import copy_curriculum as cc
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
+_LINE = re.compile(r"(\w+) = '([A-Z]+)'")
 
 
-def test_rows_train_only_the_repeats():
+def _lines(row):
+  """(name, value, trained) for every `name = 'VALUE'` line; trained = the value's loss mask."""
+  out, start = [], 0
+  toks, mask = row["tokens"], row["loss_mask"]
+  nl = TOK.encode("\n")[0]
+  for i, t in enumerate(toks):
+    if t == nl:
+      m = _LINE.fullmatch(TOK.decode(toks[start:i]))
+      if m:
+        out.append((m[1], m[2], any(mask[start:i])))
+      start = i + 1
+  return out
+
+
+def test_rows_train_only_values_recalled_by_name():
   rows = cc.copy_records(np.random.default_rng(0), TOK, 20, 640)
+  reordered = 0
   for r in rows:
     toks, mask = r["tokens"], r["loss_mask"]
     assert len(toks) == len(mask) <= 640
-    text = TOK.decode(toks)
-    pairs = re.findall(r"(\w+) = '([A-Z]+)'\n[a-z0-9 ]+\n\1 = '([A-Z]+)'\n", text)
-    assert pairs and all(a == b for _, a, b in pairs)
-    trained = TOK.decode([t for t, m in zip(toks, mask) if m])
-    assert trained == "".join(b for _, _, b in pairs)
-    assert set(trained) <= set(cc.UPPER)
-  n_trained = [sum(r["loss_mask"]) for r in rows]
-  assert min(n_trained) >= 8  # several strings per row: dense in copying
+    said, order, recalled = {}, [], []
+    for name, value, trained in _lines(r):
+      if not trained:
+        if recalled:  # a new block starts: its recalls must match its own says
+          reordered += recalled != order
+          said, order, recalled = {}, [], []
+        said[name] = value
+        order.append(name)
+      else:
+        assert said[name] == value, (name, value, said)
+        recalled.append(name)
+    trained_text = TOK.decode([t for t, m in zip(toks, mask) if m])
+    assert set(trained_text) <= set(cc.UPPER)
+    values_recalled = "".join(v for _, v, tr in _lines(r) if tr)
+    assert trained_text == values_recalled
+    assert sum(mask) >= 8  # several values per row: dense in recall
+  assert reordered > 10  # recall order is not the said order
+
+
+def test_one_name_per_block_repeats_at_once():
+  r = cc.copy_record(np.random.default_rng(1), TOK, 400, names_per_block=1)
+  lines = _lines(r)
+  assert [tr for _, _, tr in lines] == [False, True] * (len(lines) // 2)
+  assert all(a[:2] == b[:2] for a, b in zip(lines[::2], lines[1::2]))
 
 
 def test_pure_and_checked():
@@ -33,3 +66,5 @@ def test_pure_and_checked():
   assert a != cc.copy_records(np.random.default_rng(4), TOK, 3, 300)
   with pytest.raises(ValueError, match="too short"):
     cc.copy_record(np.random.default_rng(0), TOK, 8)
+  with pytest.raises(ValueError, match="names_per_block"):
+    cc.copy_record(np.random.default_rng(0), TOK, 300, names_per_block=0)

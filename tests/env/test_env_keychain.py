@@ -56,7 +56,8 @@ def test_generation_is_pure_split_disjoint_and_the_key_is_only_in_the_modules():
         assert t.meta["files"] == [f"m{i}.py" for i in range(1, keychain.N_PARTS + 1)]
         for path, part in zip(t.meta["files"], parts):
             assert t.files[path].startswith(f"k{path[1]} = '{part}'\n")
-            assert set(part) <= set(keychain.ALPHABET)
+        for part, letters in zip(parts, keychain.PART_ALPHABETS):
+            assert set(part) <= set(letters) <= set(keychain.ALPHABET)
         # Nothing the agent sees outside the modules holds the key or a quoted part of it.
         seen = [t.prompt, t.files[keychain.KEY_PATH], t.files[keychain.TEST_PATH]]
         assert t.files[keychain.KEY_PATH] == keychain.KEY_SOURCE

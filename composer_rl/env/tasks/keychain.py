@@ -1,6 +1,7 @@
 """Tasks whose answer is a fact gathered across a session longer than the window ("keychain").
 
-A key is split into `N_PARTS` parts of `PART_CHARS` characters; module `mI.py` (I = 1..N)
+A key is split into `N_PARTS` parts of `PART_CHARS` characters (part I from
+`PART_ALPHABETS[I]`); module `mI.py` (I = 1..N)
 holds part I as `kI = 'Q'` above one correct filler function (the generated family's
 templates, so the world reads like code). `key.py` starts with `k1 = ''` .. `k4 = ''` and
 `def key(): return k1 + k2 + k3 + k4`; the agent must set each kI there to its value in mI.py
@@ -39,6 +40,13 @@ PART_CHARS = 1
 # code (but True, False), the prompts and the tool calls are lower-case; the prompts start
 # with D, S, T), so what is to be copied is recognizable by what it is.
 ALPHABET = "ABCEGHJKLNPQRUVWXYZ"
+# Part I's letters: its own quarter of the alphabet (a part has a type, as a path or a port
+# number has). What tells k2's value from k1's in a context is then the value itself, not
+# the name three tokens before it: the tiny from-scratch model learns to recall typed parts
+# by name in ~200 steps and untyped ones not in 1,500 (python -m composer_rl.bench.copying
+# --mode=probe --rows=parts|typed_parts; BUILD_NOTES section 11). A guess is right 1 time
+# in 5 per part, so an agent that lost two parts solves ~4 % by luck.
+PART_ALPHABETS = (ALPHABET[0:5], ALPHABET[5:10], ALPHABET[10:15], ALPHABET[15:])
 HELDOUT_PERCENT = 10
 KEY_PATH = "key.py"
 BLANKS = "".join(f"k{i + 1} = ''\n" for i in range(N_PARTS))   # key.py's parts, unset
@@ -63,7 +71,8 @@ def generate(split: str = "train", index: int = 0, seed: int = 0) -> Task:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     rng = random.Random(f"composer_rl-keychain:{seed}:{split}:{index}")
     while True:  # the key decides the split
-        parts = ["".join(rng.choice(ALPHABET) for _ in range(PART_CHARS)) for _ in range(N_PARTS)]
+        parts = ["".join(rng.choice(letters) for _ in range(PART_CHARS))
+                 for letters in PART_ALPHABETS]
         key = "".join(parts)
         if _split_of(key) == split:
             break
