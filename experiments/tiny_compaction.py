@@ -28,6 +28,8 @@ import sys
 
 import ml_collections
 
+from composer_rl.env.tasks import keychain
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_bugfix  # noqa: E402  (experiments/ is not a package)
 
@@ -86,6 +88,11 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
     # the demonstrations alone never taught this from-scratch model to copy a part it read
     # (1,500 steps: the copied characters stayed at chance, BUILD_NOTES section 11).
     c.sft.steps, c.sft.batch_size, c.sft.copy_rows = 800, 10, 4
+  # Copy rows in the family's own form (numbered module lines, then each part recalled by
+  # name): general recall rows ("recall") left the SFT policy writing each part's most
+  # common letter, never a copy (BUILD_NOTES section 11).
+  c.sft.copy_rows_kind = "parts"   # composer_rl.data.copy_curriculum.COPY_ROWS name
+  c.sft.copy_rows_args = dict(alphabets=keychain.PART_ALPHABETS)
   c.eval.context_mode = ""         # '' = as in RL; else a CompactionConfig mode
   c.eval.full_window_max_seq_len = 0  # > 0: also evaluate the RL policy with this window
   if smoke:

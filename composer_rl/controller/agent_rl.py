@@ -295,15 +295,19 @@ def sft_stage(s: Setup, init_params=None):
   rng = np.random.default_rng(s.config.seed)
   # copy_rows: synthetic copy rows in every batch (data.copy_curriculum), for models
   # trained from scratch that must copy what they read; 0 = demonstrations only.
+  # copy_rows_kind / copy_rows_args: which rows (a COPY_ROWS name) and their arguments.
   n_copy = int(c.get("copy_rows", 0))
   if not 0 <= n_copy < c.batch_size:
     raise ValueError(f"sft.copy_rows={n_copy} must be in [0, batch_size={c.batch_size})")
+  copy_kind = c.get("copy_rows_kind", "recall")
+  copy_args = dict(c.get("copy_rows_args") or {})
+  copy_curriculum.COPY_ROWS.get(copy_kind)  # an unknown kind fails before training
   copy_rng = np.random.default_rng([s.config.seed, 1])
   n_demo = c.batch_size - n_copy
   for k in range(c.steps):
     pick = rng.choice(len(rows), n_demo, replace=len(rows) < n_demo)
     recs = [rows[i] for i in pick] + copy_curriculum.copy_records(
-        copy_rng, s.tok, n_copy, s.model_config.max_seq_len)
+        copy_rng, s.tok, n_copy, s.model_config.max_seq_len, copy_kind, **copy_args)
     batch = build_batch(recs, s.model_config.max_seq_len, num_rows=s.rows(c.batch_size))
     state, m = step.step(state, step.shard_batch(batch))
     if k % c.log_every == 0 or k == c.steps - 1:

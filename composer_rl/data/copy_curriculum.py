@@ -22,10 +22,15 @@ loss mask is 1 on the recalled VALUE bytes only. Values are upper-case letters
 (`alphabet`), the filler lower-case words and digits, so what is to be copied is
 recognizable and the filler says nothing about it. Pure function of the numpy generator.
 """
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import numpy as np
 
+from composer_rl.env.registry import Registry
+
+# Row kinds by name (`config.sft.copy_rows_kind`): "recall" (general names, below) or
+# "parts" (the keychain family's form, for its experiment).
+COPY_ROWS: Registry = Registry("copy row kind")
 UPPER = "ABCEGHJKLNPQRUVWXYZ"
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
 
@@ -52,6 +57,7 @@ def _names(rng: np.random.Generator, n: int) -> List[str]:
   return names
 
 
+@COPY_ROWS.register("recall")
 def copy_record(rng: np.random.Generator, tokenizer, seq_len: int, alphabet: str = UPPER,
                 max_gap: int = 60, names_per_block: int = 4) -> Dict[str, List[int]]:
   """One row of at most `seq_len` tokens with as many blocks as fit. A block says 1 to
@@ -84,5 +90,37 @@ def copy_record(rng: np.random.Generator, tokenizer, seq_len: int, alphabet: str
   return dict(tokens=tokens, loss_mask=mask)
 
 
-def copy_records(rng: np.random.Generator, tokenizer, n: int, seq_len: int) -> List[Dict]:
-  return [copy_record(rng, tokenizer, seq_len) for _ in range(n)]
+@COPY_ROWS.register("parts")
+def part_record(rng: np.random.Generator, tokenizer, seq_len: int,
+                alphabets: Sequence[str] = (UPPER,) * 4, max_gap: int = 120) -> Dict[str, List[int]]:
+  """Rows in the keychain family's own form: parts `k1`..`kN` (N = 1..len(alphabets),
+  part I's letter from `alphabets[I]`) said in order as numbered file lines
+  (`1|kI = 'X'`), each followed by 10..`max_gap` bytes of filler, then all recalled in a
+  shuffled order (`kI = 'X' `); the loss is on the recalled letters."""
+  tokens: List[int] = []
+  mask: List[int] = []
+  for _ in range(100):
+    parts = [str(rng.choice(list(a))) for a in alphabets[:int(rng.integers(1, len(alphabets) + 1))]]
+    toks = tokenizer.encode("".join(f"1|k{i + 1} = '{p}'\n{_filler(rng, max_gap)}\n"
+                                    for i, p in enumerate(parts)))
+    m = [0] * len(toks)
+    for i in rng.permutation(len(parts)):
+      say, part, close = (tokenizer.encode(f"k{i + 1} = '"), tokenizer.encode(parts[i]),
+                          tokenizer.encode("' "))
+      toks, m = toks + say + part + close, m + [0] * len(say) + [1] * len(part) + [0] * len(close)
+    toks, m = toks + tokenizer.encode("\n"), m + [0]
+    if len(tokens) + len(toks) > seq_len:
+      if tokens:
+        break
+      continue  # a first block too long for a short row: draw another
+    tokens, mask = tokens + toks, mask + m
+  if not tokens:
+    raise ValueError(f"seq_len={seq_len} is too short for a part row")
+  return dict(tokens=tokens, loss_mask=mask)
+
+
+def copy_records(rng: np.random.Generator, tokenizer, n: int, seq_len: int,
+                 kind: str = "recall", **args) -> List[Dict]:
+  """`n` rows of the `COPY_ROWS` kind `kind`, with that kind's keyword arguments."""
+  make = COPY_ROWS.get(kind)
+  return [make(rng, tokenizer, seq_len, **args) for _ in range(n)]
