@@ -87,7 +87,11 @@ def agent_config(smoke: bool = False) -> ml_collections.ConfigDict:
     # 4 of each SFT batch's 10 rows are synthetic copy rows (composer_rl.data.copy_curriculum):
     # the demonstrations alone never taught this from-scratch model to copy a part it read
     # (1,500 steps: the copied characters stayed at chance, BUILD_NOTES section 11).
-    c.sft.steps, c.sft.batch_size, c.sft.copy_rows = 800, 10, 4
+    # The first 600 SFT steps train on copy rows alone (sft.copy_only_steps): mixed in, they
+    # are ~6 % of the trained tokens and 800 steps formed no copy; alone, the copy forms in
+    # ~400-600 steps (python -m composer_rl.bench.copying --mode=probe --rows=typed_parts
+    # --seq_len=640 --max_gap=120). Then 800 steps of demonstrations with 4 copy rows.
+    c.sft.steps, c.sft.batch_size, c.sft.copy_rows, c.sft.copy_only_steps = 1400, 10, 4, 600
   # Copy rows in the family's own form (numbered module lines, then each part recalled by
   # name): general recall rows ("recall") left the SFT policy writing each part's most
   # common letter, never a copy (BUILD_NOTES section 11).

@@ -6,8 +6,8 @@ typed_parts ln 5 ~ 1.6, and ln 4 ~ 1.39 is a copy of one of the four parts at ra
   fixed    `xx STRING yy STRING`: the copy sits at a fixed offset
   sparse   four `mI.py: part = 'XY'` lines in code, then `key ` and the 8 letters (the
            loss on those 9 tokens only)
-  parts    keychain-like: four `1|kI = 'X'` module lines (any letter) among filler, then
-           all four recalled by name in a shuffled order (the loss on the four letters)
+  parts    data.copy_curriculum part rows: `1|kI = 'X'` module lines (any letter) among
+           filler, then each part recalled by name in a shuffled order
   typed_parts  the same with part I from keychain.PART_ALPHABETS[I] (the family's parts)
   repeat   data.copy_curriculum rows with one name per block (each value repeated at once,
            the first curriculum: learns to copy the latest value, not the named one)
@@ -40,6 +40,8 @@ from composer_rl.train.optimizer import OptimizerConfig
 _MODE = flags.DEFINE_enum("mode", "probe", ["probe", "rollouts"], "what to measure")
 _ROWS = flags.DEFINE_enum("rows", "dense", ["fixed", "sparse", "parts", "typed_parts", "repeat", "dense"], "probe rows")
 _STEPS = flags.DEFINE_integer("steps", 400, "probe SFT steps")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "probe row length (tokens)")
+_MAX_GAP = flags.DEFINE_integer("max_gap", 35, "parts rows: most filler bytes after a part")
 _ROLLOUTS = flags.DEFINE_string("rollouts", "", "glob of rollout JSONL files")
 
 _PART = re.compile(r"(k\d) = '([A-Z])'")
@@ -60,32 +62,15 @@ def _sparse(rng, tok, seq_len):
   return dict(tokens=pre + ans, loss_mask=[0] * len(pre) + [1] * len(ans))
 
 
-def _parts(rng, tok, seq_len, alphabets):
-  """As many keychain-like blocks as fit: the parts said in order, recalled shuffled."""
-  tokens, mask = [], []
-  while True:
-    parts = [rng.choice(list(a)) for a in alphabets]
-    said = "".join(f"1|k{i + 1} = '{p}'\n" + "".join(rng.choice(
-        list("abcdefghijklmnopqrstuvwxyz0123456789 "), int(rng.integers(10, 35)))) + "\n"
-                   for i, p in enumerate(parts))
-    t = tok.encode(said)
-    m = [0] * len(t)
-    for i in rng.permutation(len(parts)):
-      name, part, close = tok.encode(f"k{i + 1} = '"), tok.encode(parts[i]), tok.encode("' ")
-      t, m = t + name + part + close, m + [0] * len(name) + [1] + [0] * len(close)
-    if len(tokens) + len(t) > seq_len:
-      return dict(tokens=tokens, loss_mask=mask)
-    tokens, mask = tokens + t, mask + m
-
-
-def probe(rows: str, steps: int) -> dict:
-  tok, seq_len = ByteTokenizer(), 256
+def probe(rows: str, steps: int, seq_len: int = 256, max_gap: int = 35) -> dict:
+  tok = ByteTokenizer()
   mc = ModelConfig(vocab_size=tok.vocab_size, d_model=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=32, d_ff=384, max_seq_len=seq_len, row_tile=32,
                    attention_query_block=16, compute_dtype="float32")
   make = {"fixed": _fixed, "sparse": _sparse,
-          "parts": lambda r, t, n: _parts(r, t, n, [copy_curriculum.UPPER] * 4),
-          "typed_parts": lambda r, t, n: _parts(r, t, n, keychain.PART_ALPHABETS),
+          "parts": lambda r, t, n: copy_curriculum.part_record(r, t, n, max_gap=max_gap),
+          "typed_parts": lambda r, t, n: copy_curriculum.part_record(
+              r, t, n, keychain.PART_ALPHABETS, max_gap=max_gap),
           "repeat": lambda r, t, n: copy_curriculum.copy_record(r, t, n, names_per_block=1),
           "dense": lambda r, t, n: copy_curriculum.copy_record(r, t, n)}[rows]
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
@@ -98,7 +83,7 @@ def probe(rows: str, steps: int) -> dict:
     if k % 25 == 0 or k == steps - 1:
       curve[k] = round(float(m["loss"]), 3)
   below = [k for k, v in curve.items() if v < 0.5 * np.log(19)]
-  return dict(rows=rows, steps=steps, copy_loss=curve, chance=round(float(np.log(19)), 3),
+  return dict(rows=rows, steps=steps, seq_len=seq_len, copy_loss=curve, chance=round(float(np.log(19)), 3),
               first_logged_step_below_half_chance=below[0] if below else None,
               seconds=round(time.time() - t0, 1))
 
@@ -129,7 +114,8 @@ def rollouts(pattern: str) -> dict:
 
 
 def main(_):
-  print(json.dumps(probe(_ROWS.value, _STEPS.value) if _MODE.value == "probe"
+  print(json.dumps(probe(_ROWS.value, _STEPS.value, _SEQ_LEN.value, _MAX_GAP.value)
+                   if _MODE.value == "probe"
                    else rollouts(_ROLLOUTS.value)))
 
 

@@ -277,6 +277,23 @@ def sft_stage(s: Setup, init_params=None):
   """SFT from `init_params` (e.g. a continued-pretraining checkpoint's, host arrays) or,
   when None, from a fresh initialization with the experiment's seed."""
   c = s.config.sft
+  # copy_rows: synthetic copy rows in every batch (data.copy_curriculum), for models
+  # trained from scratch that must copy what they read; 0 = demonstrations only.
+  # copy_rows_kind / copy_rows_args: which rows (a COPY_ROWS name) and their arguments.
+  n_copy = int(c.get("copy_rows", 0))
+  if not 0 <= n_copy < c.batch_size:
+    raise ValueError(f"sft.copy_rows={n_copy} must be in [0, batch_size={c.batch_size})")
+  copy_kind = c.get("copy_rows_kind", "recall")
+  copy_args = dict(c.get("copy_rows_args") or {})
+  # A bad kind, argument or row length fails here, before any demonstration is made.
+  copy_curriculum.copy_records(np.random.default_rng(0), s.tok, 1, s.model_config.max_seq_len,
+                               copy_kind, **copy_args)
+  # copy_only_steps: the first SFT steps train on copy rows alone. Mixed into batches, the
+  # copied tokens are a few percent of the trained ones (the loss is a mean over tokens),
+  # too faint a signal to form the copy (BUILD_NOTES section 11).
+  n_copy_only = int(c.get("copy_only_steps", 0))
+  if not 0 <= n_copy_only <= c.steps:
+    raise ValueError(f"sft.copy_only_steps={n_copy_only} must be in [0, steps={c.steps}]")
   # SFT has no sampler to agree with bit for bit, so it may use the attention query block
   # that trains fastest at its batch size; the parameters are the same either way.
   model_config = s.model_config.replace(
@@ -293,21 +310,13 @@ def sft_stage(s: Setup, init_params=None):
   # rollout.compaction); without compaction the rows are the demonstrations themselves.
   rows = [r for d in demos for r in compaction_lib.segment_records(d)]
   rng = np.random.default_rng(s.config.seed)
-  # copy_rows: synthetic copy rows in every batch (data.copy_curriculum), for models
-  # trained from scratch that must copy what they read; 0 = demonstrations only.
-  # copy_rows_kind / copy_rows_args: which rows (a COPY_ROWS name) and their arguments.
-  n_copy = int(c.get("copy_rows", 0))
-  if not 0 <= n_copy < c.batch_size:
-    raise ValueError(f"sft.copy_rows={n_copy} must be in [0, batch_size={c.batch_size})")
-  copy_kind = c.get("copy_rows_kind", "recall")
-  copy_args = dict(c.get("copy_rows_args") or {})
-  copy_curriculum.COPY_ROWS.get(copy_kind)  # an unknown kind fails before training
   copy_rng = np.random.default_rng([s.config.seed, 1])
-  n_demo = c.batch_size - n_copy
   for k in range(c.steps):
+    n_demo = 0 if k < n_copy_only else c.batch_size - n_copy
     pick = rng.choice(len(rows), n_demo, replace=len(rows) < n_demo)
     recs = [rows[i] for i in pick] + copy_curriculum.copy_records(
-        copy_rng, s.tok, n_copy, s.model_config.max_seq_len, copy_kind, **copy_args)
+        copy_rng, s.tok, c.batch_size - n_demo, s.model_config.max_seq_len, copy_kind,
+        **copy_args)
     batch = build_batch(recs, s.model_config.max_seq_len, num_rows=s.rows(c.batch_size))
     state, m = step.step(state, step.shard_batch(batch))
     if k % c.log_every == 0 or k == c.steps - 1:

@@ -9,6 +9,7 @@ import pytest
 
 from composer_rl.data import copy_curriculum as cc
 from composer_rl.data.byte_tokenizer import ByteTokenizer
+from composer_rl.env.tasks import keychain
 
 TOK = ByteTokenizer()
 _LINE = re.compile(r"(\w+) = '([A-Z]+)'")
@@ -68,3 +69,26 @@ def test_pure_and_checked():
     cc.copy_record(np.random.default_rng(0), TOK, 8)
   with pytest.raises(ValueError, match="names_per_block"):
     cc.copy_record(np.random.default_rng(0), TOK, 300, names_per_block=0)
+
+
+def test_part_rows_recall_each_part_by_name_in_the_keychain_form():
+  row = cc.copy_records(np.random.default_rng(0), TOK, 3, 640, "parts",
+                        alphabets=keychain.PART_ALPHABETS)[0]
+  assert len(row["tokens"]) == len(row["loss_mask"]) <= 640
+  text = TOK.decode(row["tokens"])
+  blocks = re.findall(r"((?:1\|k\d = '\w'\n[a-z0-9 ]*\n)+)((?:k\d = '\w' )+)\n", text)
+  assert len(blocks) >= 2 and "".join(a + b + "\n" for a, b in blocks) == text
+  trained, reordered = [], 0
+  for said, recalled in blocks:
+    said, recalled = _LINE.findall(said), _LINE.findall(recalled)
+    assert [k for k, _ in said] == [f"k{i + 1}" for i in range(len(said))]
+    assert sorted(recalled) == sorted(said)  # every part, by its name
+    reordered += recalled != said
+    assert all(v in keychain.PART_ALPHABETS[int(k[1]) - 1] for k, v in said)
+    trained += [v for _, v in recalled]
+  assert reordered >= 1
+  assert TOK.decode([t for t, m in zip(row["tokens"], row["loss_mask"]) if m]) == "".join(trained)
+  with pytest.raises(KeyError, match="copy row kind"):
+    cc.copy_records(np.random.default_rng(0), TOK, 1, 640, "nope")
+  with pytest.raises(ValueError, match="too short"):
+    cc.part_record(np.random.default_rng(0), TOK, 8)
