@@ -7,7 +7,9 @@ parts sit in m1..m4; composer_rl/env/tasks/keychain.py) with a deliberately smal
 1.05-1.42x the window, so the parts read first are gone from the context by the time the
 key is written, unless a summary carried them (`k1 = 'Q' k2 = 'H'`). SFT imitates the
 `key_collector` demonstrator (it summarizes when asked and writes the key on 80 % of tasks,
-else gives up), mixed with synthetic copy rows; RL trains with compaction on. (The first
+else gives up) after a first stage of synthetic copy rows alone (a from-scratch model must
+learn to copy before it can carry a part), with copy rows still mixed in; RL trains with
+compaction on. (The first
 design, on the "multifile" family, gave no learning signal: BUILD_NOTES section 11.)
 
 Variants (`--config=experiments/tiny_compaction.py:VARIANT`):

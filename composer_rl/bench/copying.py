@@ -14,6 +14,12 @@ typed_parts ln 5 ~ 1.6, and ln 4 ~ 1.39 is a copy of one of the four parts at ra
   dense    data.copy_curriculum rows (up to four names, recalled in a shuffled order)
   python -m composer_rl.bench.copying --mode=probe --rows=dense --steps=400   # ~3 min
 
+`--mode=policy`: does a keychain experiment's saved SFT policy (its RL step-0 checkpoint)
+copy? The mean probability it gives the right letter at every trained part position, on
+fresh copy rows of the experiment's kind and on its demonstrations' contexts (1/5 = the
+part's type alone, no copy).
+  python -m composer_rl.bench.copying --mode=policy --workdir=/tmp/tiny_compaction/compaction
+
 `--mode=rollouts`: how well a keychain experiment's sessions copied the parts, from a
 workdir's saved rollouts: the share of parts a summary restates correctly (against what
 the session read), the share of sessions that set the parts, and exact answers.
@@ -22,7 +28,9 @@ the session read), the share of sessions that set the parts, and exact answers.
 """
 import glob
 import json
+import os
 import re
+import tempfile
 import time
 
 from absl import app, flags
@@ -33,16 +41,20 @@ from composer_rl.data import copy_curriculum
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.tasks import keychain
 from composer_rl.model import sharding
+from composer_rl.model.hf_qwen3 import build_model
+from composer_rl.rollout import compaction as compaction_lib
 from composer_rl.model.config import ModelConfig
 from composer_rl.train import sft
+from composer_rl.train.scoring import score_tokens
 from composer_rl.train.optimizer import OptimizerConfig
 
-_MODE = flags.DEFINE_enum("mode", "probe", ["probe", "rollouts"], "what to measure")
+_MODE = flags.DEFINE_enum("mode", "probe", ["probe", "policy", "rollouts"], "what to measure")
 _ROWS = flags.DEFINE_enum("rows", "dense", ["fixed", "sparse", "parts", "typed_parts", "repeat", "dense"], "probe rows")
 _STEPS = flags.DEFINE_integer("steps", 400, "probe SFT steps")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "probe row length (tokens)")
 _MAX_GAP = flags.DEFINE_integer("max_gap", 35, "parts rows: most filler bytes after a part")
 _ROLLOUTS = flags.DEFINE_string("rollouts", "", "glob of rollout JSONL files")
+_WORKDIR = flags.DEFINE_string("workdir", "", "policy: a tiny_compaction run's workdir")
 
 _PART = re.compile(r"(k\d) = '([A-Z])'")
 
@@ -88,6 +100,40 @@ def probe(rows: str, steps: int, seq_len: int = 256, max_gap: int = 35) -> dict:
               seconds=round(time.time() - t0, 1))
 
 
+def _letter_probs(model, tok, records, seq_len) -> dict:
+  """p(right letter) at the trained positions of `records` that hold a part letter."""
+  batch = sft.sft_batch(records, seq_len)
+  sc = score_tokens(model, batch.tokens, batch.sampling, batch.segment_ids, batch.positions)
+  lp, toks = np.asarray(sc.logprobs), np.asarray(batch.tokens)[:, 1:]
+  sel = (np.asarray(batch.loss_mask) > 0) & np.isin(toks, tok.encode(keychain.ALPHABET))
+  p = np.exp(lp[sel])
+  return dict(letters=int(sel.sum()), p_right_mean=round(float(p.mean()), 3),
+              share_p_right_over_half=round(float((p > 0.5).mean()), 3))
+
+
+def policy(workdir: str, rows: int = 8, contexts: int = 24, smoke: bool = False) -> dict:
+  """The saved SFT policy of `workdir` (a run of the experiment, its smoke variant with
+  `smoke`), scored on copy rows and demonstration contexts."""
+  from composer_rl.bench.long_sessions import _experiment  # pylint: disable=g-import-not-at-top
+  from composer_rl.controller import agent_rl  # pylint: disable=g-import-not-at-top
+  demo_files = glob.glob(os.path.join(workdir, "demos_*.jsonl"))
+  if not demo_files:
+    raise ValueError(f"no demonstrations (demos_*.jsonl) in {workdir!r}")
+  c = _experiment(smoke)
+  with tempfile.TemporaryDirectory() as tmp:
+    s = agent_rl.Setup(c, tmp)
+    params = agent_rl.saved_sft_params(s, agent_rl.make_rl_step(s), workdir)
+  model, n = build_model(s.model_config, jax.device_get(params)), s.model_config.max_seq_len
+  copy_rows = copy_curriculum.copy_records(
+      np.random.default_rng(12345), s.tok, rows, n, c.sft.get("copy_rows_kind", "recall"),
+      **dict(c.sft.get("copy_rows_args") or {}))
+  with open(demo_files[0]) as f:
+    demos = [agent_rl.Trajectory.from_json(json.loads(line)) for line in f]
+  segs = [r for d in demos for r in compaction_lib.segment_records(d)][:contexts]
+  return dict(workdir=workdir, copy_rows=_letter_probs(model, s.tok, copy_rows, n),
+              demo_contexts=_letter_probs(model, s.tok, segs, n))
+
+
 def rollouts(pattern: str) -> dict:
   files = sorted(glob.glob(pattern))
   if not files:
@@ -114,9 +160,11 @@ def rollouts(pattern: str) -> dict:
 
 
 def main(_):
-  print(json.dumps(probe(_ROWS.value, _STEPS.value, _SEQ_LEN.value, _MAX_GAP.value)
-                   if _MODE.value == "probe"
-                   else rollouts(_ROLLOUTS.value)))
+  if _MODE.value == "probe":
+    out = probe(_ROWS.value, _STEPS.value, _SEQ_LEN.value, _MAX_GAP.value)
+  else:
+    out = policy(_WORKDIR.value) if _MODE.value == "policy" else rollouts(_ROLLOUTS.value)
+  print(json.dumps(out))
 
 
 if __name__ == "__main__":

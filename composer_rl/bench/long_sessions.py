@@ -27,11 +27,11 @@ _TASKS = flags.DEFINE_integer("tasks", 100, "train tasks of the experiment's fam
 _FIX_PROBS = flags.DEFINE_list("fix_probs", ["1.0", "0.4"], "demonstrator fix probabilities")
 
 
-def _experiment():
+def _experiment(smoke: bool = False):
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   sys.path.insert(0, os.path.join(root, "experiments"))
   import tiny_compaction  # pylint: disable=g-import-not-at-top
-  return tiny_compaction.agent_config()
+  return tiny_compaction.agent_config(smoke)
 
 
 def main(_):

@@ -34,3 +34,16 @@ def test_probe_runs_and_reports_the_curve():
   assert out["rows"] == "typed_parts" and set(out["copy_loss"]) == {0, 1}
   assert out["chance"] == 2.944 and out["copy_loss"][0] > 5.0
 
+
+
+def test_policy_scores_a_saved_sft_policy(tmp_path):
+  from composer_rl.bench.long_sessions import _experiment
+  from composer_rl.controller import agent_rl
+  wd = str(tmp_path / "wd")
+  agent_rl.run(_experiment(smoke=True), wd)
+  out = copying.policy(wd, rows=2, contexts=4, smoke=True)
+  for part in ("copy_rows", "demo_contexts"):
+    assert out[part]["letters"] > 0
+    assert 0.0 < out[part]["p_right_mean"] < 1.0  # an untrained smoke model: neither extreme
+  with pytest.raises(ValueError, match="no demonstrations"):
+    copying.policy(str(tmp_path), smoke=True)

@@ -12,8 +12,8 @@ A compaction summary can (`k1 = 'Q' k2 = 'H'`); truncating old turns drops them 
 construction -- the separation the compaction ablation needs (issue #7, BUILD_NOTES
 section 11), which the "multifile" family did not give (there, the last module read tells
 a truncated context where it is, and nothing earlier is needed). The parts are written as
-`kI = 'Q'` everywhere (module, summary, answer) so that copying one is copying what follows
-the same words, the kind of copy a small model learns (`data/copy_curriculum.py`).
+`kI = 'Q'` everywhere (module, summary, answer), the form of the copy rows that teach a
+small model to copy (`data/copy_curriculum.py`, "parts").
 
 Fixed module names and a fixed reading order: a tiny byte model copies random names badly
 (BUILD_NOTES section 11), and only the parts are what must be remembered.
