@@ -1,4 +1,4 @@
-"""Does a model copy what it read? Two measurements, each printing one JSON object.
+"""Does a model copy what it read? Three measurements, each printing one JSON object.
 
 `--mode=probe`: SFT the tiny_bugfix architecture from scratch on synthetic rows and log the
 loss on the copied tokens (ln 19 ~ 2.94 = chance over the 19 upper-case letters; for
@@ -41,15 +41,17 @@ from composer_rl.data import copy_curriculum
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.tasks import keychain
 from composer_rl.model import sharding
+from composer_rl.model.config import ModelConfig
 from composer_rl.model.hf_qwen3 import build_model
 from composer_rl.rollout import compaction as compaction_lib
-from composer_rl.model.config import ModelConfig
 from composer_rl.train import sft
-from composer_rl.train.scoring import score_tokens
 from composer_rl.train.optimizer import OptimizerConfig
+from composer_rl.train.scoring import score_tokens
 
 _MODE = flags.DEFINE_enum("mode", "probe", ["probe", "policy", "rollouts"], "what to measure")
-_ROWS = flags.DEFINE_enum("rows", "dense", ["fixed", "sparse", "parts", "typed_parts", "repeat", "dense"], "probe rows")
+_ROWS = flags.DEFINE_enum("rows", "dense",
+                          ["fixed", "sparse", "parts", "typed_parts", "repeat", "dense"],
+                          "probe rows")
 _STEPS = flags.DEFINE_integer("steps", 400, "probe SFT steps")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "probe row length (tokens)")
 _MAX_GAP = flags.DEFINE_integer("max_gap", 35, "parts rows: most filler bytes after a part")
@@ -95,7 +97,8 @@ def probe(rows: str, steps: int, seq_len: int = 256, max_gap: int = 35) -> dict:
     if k % 25 == 0 or k == steps - 1:
       curve[k] = round(float(m["loss"]), 3)
   below = [k for k, v in curve.items() if v < 0.5 * np.log(19)]
-  return dict(rows=rows, steps=steps, seq_len=seq_len, copy_loss=curve, chance=round(float(np.log(19)), 3),
+  return dict(rows=rows, steps=steps, seq_len=seq_len, copy_loss=curve,
+              chance=round(float(np.log(19)), 3),
               first_logged_step_below_half_chance=below[0] if below else None,
               seconds=round(time.time() - t0, 1))
 

@@ -35,7 +35,6 @@ def test_probe_runs_and_reports_the_curve():
   assert out["chance"] == 2.944 and out["copy_loss"][0] > 5.0
 
 
-
 def test_policy_scores_a_saved_sft_policy(tmp_path):
   from composer_rl.bench.long_sessions import _experiment
   from composer_rl.controller import agent_rl
