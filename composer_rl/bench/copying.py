@@ -37,6 +37,8 @@ from absl import app, flags
 import jax
 import numpy as np
 
+from composer_rl.bench.long_sessions import experiment_config
+from composer_rl.controller import agent_rl
 from composer_rl.data import copy_curriculum
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.tasks import keychain
@@ -117,12 +119,10 @@ def _letter_probs(model, tok, records, seq_len) -> dict:
 def policy(workdir: str, rows: int = 8, contexts: int = 24, smoke: bool = False) -> dict:
   """The saved SFT policy of `workdir` (a run of the experiment, its smoke variant with
   `smoke`), scored on copy rows and demonstration contexts."""
-  from composer_rl.bench.long_sessions import _experiment  # pylint: disable=g-import-not-at-top
-  from composer_rl.controller import agent_rl  # pylint: disable=g-import-not-at-top
   demo_files = glob.glob(os.path.join(workdir, "demos_*.jsonl"))
   if not demo_files:
     raise ValueError(f"no demonstrations (demos_*.jsonl) in {workdir!r}")
-  c = _experiment(smoke)
+  c = experiment_config(smoke)
   with tempfile.TemporaryDirectory() as tmp:
     s = agent_rl.Setup(c, tmp)
     params = agent_rl.saved_sft_params(s, agent_rl.make_rl_step(s), workdir)

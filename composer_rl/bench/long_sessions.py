@@ -27,7 +27,7 @@ _TASKS = flags.DEFINE_integer("tasks", 100, "train tasks of the experiment's fam
 _FIX_PROBS = flags.DEFINE_list("fix_probs", ["1.0", "0.4"], "demonstrator fix probabilities")
 
 
-def _experiment(smoke: bool = False):
+def experiment_config(smoke: bool = False):
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   sys.path.insert(0, os.path.join(root, "experiments"))
   import tiny_compaction  # pylint: disable=g-import-not-at-top
@@ -35,7 +35,7 @@ def _experiment(smoke: bool = False):
 
 
 def main(_):
-  c = _experiment()
+  c = experiment_config()
   chat = ChatFormat(ByteTokenizer())
   env = EnvConfig(compact_prompt=True, max_turns=c.env.max_turns,
                   system_prompt=c.env.system_prompt, tools=tuple(c.env.get("tools", ())))

@@ -285,15 +285,16 @@ def sft_stage(s: Setup, init_params=None):
     raise ValueError(f"sft.copy_rows={n_copy} must be in [0, batch_size={c.batch_size})")
   copy_kind = c.get("copy_rows_kind", "recall")
   copy_args = dict(c.get("copy_rows_args") or {})
-  # A bad kind, argument or row length fails here, before any demonstration is made.
-  copy_curriculum.copy_records(np.random.default_rng(0), s.tok, 1, s.model_config.max_seq_len,
-                               copy_kind, **copy_args)
   # copy_only_steps: the first SFT steps train on copy rows alone. Mixed into batches, the
   # copied tokens are a few percent of the trained ones (the loss is a mean over tokens),
   # too faint a signal to form the copy (BUILD_NOTES section 11).
   n_copy_only = int(c.get("copy_only_steps", 0))
   if not 0 <= n_copy_only <= c.steps:
     raise ValueError(f"sft.copy_only_steps={n_copy_only} must be in [0, steps={c.steps}]")
+  if n_copy or n_copy_only:
+    # A bad kind, argument or row length fails here, before any demonstration is made.
+    copy_curriculum.copy_records(np.random.default_rng(0), s.tok, 1,
+                                 s.model_config.max_seq_len, copy_kind, **copy_args)
   # SFT has no sampler to agree with bit for bit, so it may use the attention query block
   # that trains fastest at its batch size; the parameters are the same either way.
   model_config = s.model_config.replace(

@@ -36,10 +36,10 @@ def test_probe_runs_and_reports_the_curve():
 
 
 def test_policy_scores_a_saved_sft_policy(tmp_path):
-  from composer_rl.bench.long_sessions import _experiment
+  from composer_rl.bench.long_sessions import experiment_config
   from composer_rl.controller import agent_rl
   wd = str(tmp_path / "wd")
-  agent_rl.run(_experiment(smoke=True), wd)
+  agent_rl.run(experiment_config(smoke=True), wd)
   out = copying.policy(wd, rows=2, contexts=4, smoke=True)
   for part in ("copy_rows", "demo_contexts"):
     assert out[part]["letters"] > 0
