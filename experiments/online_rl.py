@@ -25,7 +25,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = ml_collections.ConfigDict(dict(
       d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, d_ff=192,
-      max_seq_len=192, row_tile=32, attention_query_block=4, compute_dtype="float32"))
+      max_seq_len=192, row_tile=32, compute_dtype="float32"))
   c.tasks = ml_collections.ConfigDict(dict(seed=0))
   c.sft = ml_collections.ConfigDict(dict(
       num_demos=2000,

@@ -30,7 +30,7 @@ def get_config(variant: str = "d512_moe") -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict({k: preset[k] for k in (
       "vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "d_ff",
       "max_seq_len", "num_experts", "experts_per_token", "moe_d_ff", "row_tile",
-      "attention_query_block", "attention_key_block")})
+      "attention_key_block")})
   c.model.moe_layers = ",".join(str(i) for i in preset["moe_layers"] or ())
   c.compute_dtypes = "bfloat16,float32"
   c.sampling = ml_collections.ConfigDict(dict(

@@ -17,7 +17,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   # The shape of experiments/tiny_bugfix.py:smoke (vocab = the byte tokenizer's 264).
   c.model = ml_collections.ConfigDict(dict(
       d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8, d_ff=64,
-      max_seq_len=256, row_tile=16, attention_query_block=4, compute_dtype="float32"))
+      max_seq_len=256, row_tile=16, compute_dtype="float32"))
   c.serve = ml_collections.ConfigDict(dict(
       model_name="serve_tiny",
       slots=4,                   # concurrent decode slots

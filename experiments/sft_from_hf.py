@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       max_seq_len=512,           # KV-cache length (the checkpoint's context is far longer)
       row_tile=64,               # rows per exact matmul tile
-      attention_query_block=16,  # query positions per attention dot
+      # query positions per attention dot
       attention_key_block=128,   # keys per online-softmax block (divides max_seq_len)
       compute_dtype="bfloat16"))
   c.optimizer.update(learning_rate=1e-5, warmup_steps=20, total_steps=500, weight_decay=0.0)

@@ -25,7 +25,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       vocab_size=ByteTokenizer().vocab_size, d_model=64, num_layers=2, num_heads=4,
       num_kv_heads=2, head_dim=16, d_ff=128, max_seq_len=64, row_tile=16,
-      attention_query_block=16, compute_dtype="bfloat16", exact_numerics=True))
+      compute_dtype="bfloat16", exact_numerics=True))
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, expert=1))
   c.sharding_rules = tuple(sharding.DEFAULT_RULES)
   c.optimizer = ml_collections.ConfigDict(dict(

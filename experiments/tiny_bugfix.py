@@ -13,12 +13,9 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   c.kind = "agent_rl"   # which controller launch/train.py runs
   c.seed = 0
   # Byte-level model (vocab = the tokenizer's 264). max_seq_len bounds a whole session.
-  # attention_query_block=4: decode pads its one query to the block, so 16 made decode ~2x
-  # dearer for a ~1.3x cheaper train step; 4 balances the two factories
-  # (python -m composer_rl.bench.query_block).
   c.model = ml_collections.ConfigDict(dict(
       d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, d_ff=384,
-      max_seq_len=640, row_tile=32, attention_query_block=4, compute_dtype="float32"))
+      max_seq_len=640, row_tile=32, compute_dtype="float32"))
   # How the controller splits the host's devices (composer_rl.controller.placement): with
   # one device (a laptop CPU) training and sampling share it.
   c.mesh = ml_collections.ConfigDict(dict(
@@ -40,10 +37,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
       demo_policy="weak_oracle",
       demo_policy_args=dict(fix_prob=0.4, run_tests=False, seed=0),
       num_demos=2000,         # demonstrator sessions (train split), cached in the workdir
-      steps=600, batch_size=8, learning_rate=2e-3, warmup_steps=20, log_every=25,
-      # SFT has no sampler to match bit for bit: at 8 rows the sequential query-block loop
-      # dominates, and 16 trains ~2x faster than the sampler's 4.
-      attention_query_block=16))
+      steps=600, batch_size=8, learning_rate=2e-3, warmup_steps=20, log_every=25))
   c.rl = ml_collections.ConfigDict(dict(
       mode="async",           # 'async' (factories overlap) or 'sync' (no overlap)
       steps=60,

@@ -88,8 +88,7 @@ def main(argv):
   out = {"slots": c.rl.slots, "train_rows": rows, "blocks": {}}
   for pair in _BLOCKS.value.split(","):
     qb, kb, *mode = pair.split(":")  # a third field 'inexact': the non-exact fast mode
-    cfg = ModelConfig(**{**dict(c.model), "attention_query_block": int(qb),
-                         "exact_numerics": mode != ["inexact"],
+    cfg = ModelConfig(**{**dict(c.model), "exact_numerics": mode != ["inexact"],
                          "attention_key_block": int(kb)}, vocab_size=ByteTokenizer().vocab_size)
     out["blocks"][pair] = _measure(cfg, c.rl.slots, rows)
   base = next(iter(out["blocks"].values()))

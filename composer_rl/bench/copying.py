@@ -82,7 +82,7 @@ def probe(rows: str, steps: int, seq_len: int = 256, max_gap: int = 35) -> dict:
   tok = ByteTokenizer()
   mc = ModelConfig(vocab_size=tok.vocab_size, d_model=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=32, d_ff=384, max_seq_len=seq_len, row_tile=32,
-                   attention_query_block=16, compute_dtype="float32")
+                   compute_dtype="float32")
   make = {"fixed": _fixed, "sparse": _sparse,
           "parts": lambda r, t, n: copy_curriculum.part_record(r, t, n, max_gap=max_gap),
           "typed_parts": lambda r, t, n: copy_curriculum.part_record(

@@ -39,7 +39,7 @@ FLAGS.set_default("rows", 8)
 # The model of experiments/cpt_code.py (byte vocabulary; experiments/ is not importable).
 PRETRAIN_TINY = ModelConfig(vocab_size=264, d_model=128, num_layers=2, num_heads=4,
                             num_kv_heads=2, head_dim=32, d_ff=384, max_seq_len=256,
-                            row_tile=32, attention_query_block=16, compute_dtype="float32")
+                            row_tile=32, compute_dtype="float32")
 
 
 def _pipeline(docs, workers: int):

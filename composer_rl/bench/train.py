@@ -37,12 +37,10 @@ from composer_rl.train.train_step import TrainConfig, make_train_step
 SIZES = {
     # The tiny experiments' model (experiments/sft_tiny.py).
     "tiny": ModelConfig(vocab_size=264, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                        head_dim=16, d_ff=128, max_seq_len=128, row_tile=16,
-                        attention_query_block=16),
+                        head_dim=16, d_ff=128, max_seq_len=128, row_tile=16),
     # ~102M parameters: 12 layers of width 768, GQA 12/4 heads, SwiGLU 2560, vocab 8192.
     "100m": ModelConfig(vocab_size=8192, d_model=768, num_layers=12, num_heads=12,
-                        num_kv_heads=4, head_dim=64, d_ff=2560, max_seq_len=128, row_tile=64,
-                        attention_query_block=32),
+                        num_kv_heads=4, head_dim=64, d_ff=2560, max_seq_len=128, row_tile=64),
     # ~0.98B parameters (composer_rl.model.config PRESETS["dense_1b"]).
     "1b": get_preset("dense_1b"),
 }

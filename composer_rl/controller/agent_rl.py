@@ -295,12 +295,7 @@ def sft_stage(s: Setup, init_params=None):
     # A bad kind, argument or row length fails here, before any demonstration is made.
     copy_curriculum.copy_records(np.random.default_rng(0), s.tok, 1,
                                  s.model_config.max_seq_len, copy_kind, **copy_args)
-  # SFT has no sampler to agree with bit for bit, so it may use the attention query block
-  # that trains fastest at its batch size; the parameters are the same either way.
-  model_config = s.model_config.replace(
-      attention_query_block=c.get("attention_query_block") or
-      s.model_config.attention_query_block)
-  step = make_sft_step(model_config, OptimizerConfig(
+  step = make_sft_step(s.model_config, OptimizerConfig(
       learning_rate=c.learning_rate, warmup_steps=c.warmup_steps, total_steps=c.steps),
       s.mesh)
   state = step.init_state(s.config.seed, params=init_params)

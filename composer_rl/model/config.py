@@ -10,6 +10,8 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
+from composer_rl.ops import exact
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -25,10 +27,7 @@ class ModelConfig:
     num_kv_heads: key/value heads (grouped-query attention); must divide num_heads.
     head_dim: width of each attention head (Qwen3 decouples it from d_model/num_heads).
     d_ff: hidden width of the dense SwiGLU MLP.
-    max_seq_len: fixed length of the KV cache. Every attention (prefill, decode and the
-      training forward) works on this fixed key axis with -inf masking (in fixed key blocks,
-      see attention_key_block), which is what makes a query's result independent of prompt
-      length and padding.
+    max_seq_len: length of the KV cache (the longest session or training row).
     rope_theta: RoPE base frequency.
     norm_eps: RMSNorm epsilon.
     qk_norm: RMSNorm on each query/key head before RoPE (Qwen3 does this).
@@ -43,18 +42,16 @@ class ModelConfig:
     param_dtype: dtype of the master parameters (fp32 so small RL updates are not lost).
     compute_dtype: dtype of matmul inputs and the KV cache ('bfloat16' or 'float32');
       accumulation, norms, softmax and final logits are always fp32.
-    row_tile: rows per matmul call. Every token-local computation goes through fixed
-      [row_tile, K] tiles, so a row's bits never depend on how many rows the call had.
-    attention_query_block: query positions per attention dot (see
-      `composer_rl.ops.exact.attention`); decode pads its one query to this many.
-    attention_key_block: key slots per block of the attention's online softmax (0 = the
-      whole cache in one block); must divide max_seq_len. Blocks past the last key a call
-      can see are skipped exactly, so decode reads only a session's own length and the
-      causal training forward about half the cache; the block size is part of the numerics
-      (sampler and trainer share it).
-    exact_numerics: True (default) runs the batch-invariant ops of `composer_rl.ops.exact`;
-      False runs plain whole-batch matmuls and multi-query attention: faster, but sampler
-      and trainer log-probs then differ in their low bits (a measured fast mode, not exact).
+    row_tile: rows per mixture-of-experts tile: every tile holds rows of one expert and
+      goes through the same [row_tile, d] x [d, f] dots (`composer_rl.ops.grouped`).
+    attention_key_block: keys per block of attention's value sum (`composer_rl.ops.exact`);
+      0 = the largest divisor of max_seq_len that is <= 128. Part of the numerics (sampler
+      and trainer share it); with exact_numerics it must be <= 256. Packed training rows
+      start documents on key-block boundaries.
+    exact_numerics: True (default) runs the batch-invariant ops of `composer_rl.ops.exact`
+      (fixed contraction chunks, >= 8 rows per dot, attention in fixed key blocks);
+      False runs plain whole-width matmuls and one-block attention: sampler and trainer
+      log-probs then differ in their low bits (the negative control of the parity suite).
   """
   vocab_size: int = 256
   d_model: int = 64
@@ -77,7 +74,6 @@ class ModelConfig:
   param_dtype: str = "float32"
   compute_dtype: str = "bfloat16"
   row_tile: int = 16
-  attention_query_block: int = 1
   attention_key_block: int = 0
   exact_numerics: bool = True
 
@@ -85,13 +81,18 @@ class ModelConfig:
     def bad(msg):
       raise ValueError(f"ModelConfig: {msg}")
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                 "head_dim", "d_ff", "max_seq_len", "row_tile", "attention_query_block"):
+                 "head_dim", "d_ff", "max_seq_len", "row_tile"):
       if int(getattr(self, name)) <= 0:
         bad(f"{name} must be positive, got {getattr(self, name)!r}")
     kb = self.attention_key_block
     if kb < 0 or (kb and self.max_seq_len % kb):
-      bad(f"attention_key_block={kb} must be 0 (whole cache) or divide max_seq_len="
+      bad(f"attention_key_block={kb} must be 0 (automatic) or divide max_seq_len="
           f"{self.max_seq_len}")
+    if self.exact_numerics and self.key_block > exact.CONTRACTION_CHUNK:
+      bad(f"attention_key_block={kb} must be <= {exact.CONTRACTION_CHUNK} with "
+          "exact_numerics (a wider value sum is not row-invariant on XLA:CPU)")
+    if self.exact_numerics and self.head_dim > exact.CONTRACTION_CHUNK:
+      bad(f"head_dim={self.head_dim} must be <= {exact.CONTRACTION_CHUNK} with exact_numerics")
     if self.num_heads % self.num_kv_heads:
       bad(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
@@ -131,9 +132,11 @@ class ModelConfig:
     return _DTYPES[self.compute_dtype]
 
   @property
-  def tile(self) -> Optional[int]:
-    """Row tile for `map_row_tiles` (None = whole batch at once, the inexact mode)."""
-    return self.row_tile if self.exact_numerics else None
+  def key_block(self) -> int:
+    """The attention key block in force (resolves attention_key_block=0)."""
+    if self.attention_key_block:
+      return self.attention_key_block
+    return max(d for d in range(1, min(self.max_seq_len, 128) + 1) if self.max_seq_len % d == 0)
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)
@@ -149,21 +152,20 @@ PRESETS = {
                                   num_experts=8, experts_per_token=2, moe_d_ff=512,
                                   moe_layers=(1, 3)),
     # ~0.98B parameters (dense, untied): the accelerator benchmark/parity size of
-    # launch/device_check.py. Query block 16 x 2 heads per kv head = 32-row attention dots;
-    # key block 256 so decode and the causal training forward skip unseen keys.
+    # launch/device_check.py.
     "dense_1b": ModelConfig(vocab_size=32000, d_model=2048, num_layers=18, num_heads=16,
                             num_kv_heads=8, head_dim=128, d_ff=5632, max_seq_len=2048,
-                            row_tile=128, attention_query_block=16, attention_key_block=256),
+                            row_tile=128, attention_key_block=128),
     # Shapes of the public Qwen3 checkpoints (config.json of Qwen/Qwen3-0.6B, -30B-A3B).
     "qwen3_0_6b": ModelConfig(vocab_size=151936, d_model=1024, num_layers=28, num_heads=16,
                               num_kv_heads=8, head_dim=128, d_ff=3072, max_seq_len=40960,
                               rope_theta=1000000.0, tie_embeddings=True, row_tile=128,
-                              attention_key_block=512),
+                              attention_key_block=128),
     "qwen3_30b_a3b": ModelConfig(vocab_size=151936, d_model=2048, num_layers=48,
                                  num_heads=32, num_kv_heads=4, head_dim=128, d_ff=6144,
                                  max_seq_len=40960, rope_theta=1000000.0, num_experts=128,
                                  experts_per_token=8, moe_d_ff=768, row_tile=128,
-                                 attention_key_block=512),
+                                 attention_key_block=128),
 }
 
 

@@ -14,12 +14,11 @@ class KVCache:
 
   Attributes:
     k: per layer, [B, kv_heads, max_seq_len, head_dim] in the compute dtype.
-    v1: per layer, [B, kv_heads, max_seq_len, head_dim + 1]; the last channel is 1 on
-      written slots so attention's softmax normalizer comes out of the value dot.
+    v: per layer, [B, kv_heads, max_seq_len, head_dim] in the compute dtype.
     segments: [B, max_seq_len] int32 segment id per slot, 0 for never-written slots.
   """
   k: Tuple[jax.Array, ...]
-  v1: Tuple[jax.Array, ...]
+  v: Tuple[jax.Array, ...]
   segments: jax.Array
 
   @classmethod
@@ -28,8 +27,7 @@ class KVCache:
     dt = config.compute_jnp_dtype
     return cls(
         k=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
-        v1=tuple(jnp.zeros(shape[:-1] + (shape[-1] + 1,), dt)
-                 for _ in range(config.num_layers)),
+        v=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
         segments=jnp.zeros((batch, config.max_seq_len), jnp.int32))
 
   @property

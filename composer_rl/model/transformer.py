@@ -115,49 +115,52 @@ class Transformer(nnx.Module):
     """
     return param[...].astype(self.config.compute_jnp_dtype)
 
-  # ---- row-local pieces (called inside fixed row tiles) -------------------------------
+  # ---- row-local pieces ----------------------------------------------------------------
+  def _dense(self, x, w, dtype=None):
+    c = self.config
+    return exact.dense(x, w, c.compute_jnp_dtype if dtype is None else dtype, c.exact_numerics)
+
   def logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [T, d] -> fp32 logits [T, vocab] (final norm + output projection)."""
     c = self.config
-    h = exact.rms_norm(hidden, self._w(self.final_norm), c.norm_eps)
+    h = exact.rms_norm(exact.pad_rows(hidden), self._w(self.final_norm), c.norm_eps)
     w = self.embed[...].T if c.tie_embeddings else self.lm_head[...]
-    return exact.dense(h, w, c.compute_jnp_dtype)
+    return self._dense(h, w)[:hidden.shape[0]]
 
   def _qkv(self, attn: Attention, x, positions):
     c, dt = self.config, self.config.compute_jnp_dtype
     h = exact.rms_norm(x, self._w(attn.norm), c.norm_eps)
     t = x.shape[0]
-    q = exact.dense(h, attn.wq[...], dt).reshape(t, c.num_heads, c.head_dim)
-    k = exact.dense(h, attn.wk[...], dt).reshape(t, c.num_kv_heads, c.head_dim)
-    v = exact.dense(h, attn.wv[...], dt).reshape(t, c.num_kv_heads, c.head_dim)
+    q = self._dense(h, attn.wq[...]).reshape(t, c.num_heads, c.head_dim)
+    k = self._dense(h, attn.wk[...]).reshape(t, c.num_kv_heads, c.head_dim)
+    v = self._dense(h, attn.wv[...]).reshape(t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
       q = exact.rms_norm(q, self._w(attn.q_norm), c.norm_eps)
       k = exact.rms_norm(k, self._w(attn.k_norm), c.norm_eps)
     q = exact.rope(q, positions, c.rope_theta) * (c.head_dim ** -0.5)
     k = exact.rope(k, positions, c.rope_theta)
-    ones = jnp.ones(v.shape[:-1] + (1,), F32)
-    return q.astype(dt), k.astype(dt), jnp.concatenate([v, ones], -1).astype(dt)
+    return q.astype(dt), k.astype(dt), v.astype(dt)
 
   def _post_attention(self, block: Block, x, attn_out):
     """Output projection + residual, then the dense MLP or the MoE router (row-local)."""
-    c, dt = self.config, self.config.compute_jnp_dtype
-    x = x + exact.dense(attn_out, block.attn.wo[...], dt)
+    c = self.config
+    x = x + self._dense(attn_out, block.attn.wo[...])
     ffn = block.ffn
     h = exact.rms_norm(x, self._w(ffn.norm), c.norm_eps)
     if isinstance(ffn, MLP):
-      act = jax.nn.silu(exact.dense(h, ffn.w_gate[...], dt)) * exact.dense(h, ffn.w_up[...], dt)
-      return x + exact.dense(act, ffn.w_down[...], dt), None, None, None
+      act = jax.nn.silu(self._dense(h, ffn.w_gate[...])) * self._dense(h, ffn.w_up[...])
+      return x + self._dense(act, ffn.w_down[...]), None, None, None
     # Router in fp32: a flipped expert choice is the costliest mismatch there is.
-    probs = jax.nn.softmax(exact.dense(h, ffn.router[...], F32), axis=-1)
+    probs = exact.softmax(self._dense(h, ffn.router[...], F32))
     top_p, top_i = jax.lax.top_k(probs, c.experts_per_token)
     if c.norm_topk_prob:
-      top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+      top_p = top_p / exact.row_sum(top_p)[:, None]
     return x, h, top_i.astype(jnp.int32), (top_p, probs)
 
   # ---- the one forward ----------------------------------------------------------------
   def forward(self, tokens: jax.Array, positions: jax.Array, cache: kvc.KVCache,
-              cache_index: jax.Array, segment_ids: Optional[jax.Array] = None
-              ) -> ForwardOutput:
+              cache_index: jax.Array, segment_ids: Optional[jax.Array] = None,
+              key_len: Optional[int] = None) -> ForwardOutput:
     """Runs `tokens` through the model, writing their keys/values into `cache`.
 
     Args:
@@ -168,38 +171,41 @@ class Transformer(nnx.Module):
         to slot cache_index + s and attends to slots <= its own in the same segment.
       segment_ids: [B, S] int32, >0 for real tokens (packed documents get distinct ids),
         0 for padding; default all ones.
+      key_len: static count of leading cache slots that covers every key this call can see
+        (see `composer_rl.ops.exact.attention`); None picks it on device. Any valid value
+        gives the same bits.
     """
     c = self.config
     b, s = tokens.shape
-    tile = c.tile
     if segment_ids is None:
       segment_ids = jnp.ones((b, s), jnp.int32)
     slots = cache_index.astype(jnp.int32)[:, None] + jnp.arange(s, dtype=jnp.int32)[None]
     segments = kvc.write_segments(cache.segments, segment_ids.astype(jnp.int32), slots)
-    x = self._w(self.embed)[tokens].astype(F32).reshape(b * s, c.d_model)
-    pos_rows = positions.reshape(b * s).astype(jnp.int32)
-    new_k, new_v1, all_ids, all_probs = [], [], [], []
+    n = b * s
+    # Row-local stages see >= MIN_ROWS rows (see `exact.pad_rows`); padding rows are dropped.
+    x = self._w(self.embed)[tokens].astype(F32).reshape(n, c.d_model)
+    pos_rows = positions.reshape(n).astype(jnp.int32)
+    x, pos_rows = exact.pad_rows((x, pos_rows))
+    new_k, new_v, all_ids, all_probs = [], [], [], []
     for i, block in enumerate(self.blocks):
-      q, k, v1 = exact.map_row_tiles(lambda a, blk=block: self._qkv(blk.attn, *a),
-                                     (x, pos_rows), tile)
+      q, k, v = (a[:n] for a in self._qkv(block.attn, x, pos_rows))
       k_cache = kvc.write_slots(cache.k[i], k.reshape(b, s, *k.shape[1:]), slots)
-      v1_cache = kvc.write_slots(cache.v1[i], v1.reshape(b, s, *v1.shape[1:]), slots)
+      v_cache = kvc.write_slots(cache.v[i], v.reshape(b, s, *v.shape[1:]), slots)
       new_k.append(k_cache)
-      new_v1.append(v1_cache)
-      attn = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k_cache, v1_cache,
+      new_v.append(v_cache)
+      attn = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k_cache, v_cache,
                              segments, slots, segment_ids, c.exact_numerics,
-                             c.attention_query_block, c.attention_key_block)
-      attn_rows = attn.reshape(b * s, c.num_heads * c.head_dim)
-      x, h, ids, extra = exact.map_row_tiles(
-          lambda a, blk=block: self._post_attention(blk, *a), (x, attn_rows), tile)
+                             c.key_block, key_len)
+      attn_rows = exact.pad_rows(attn.reshape(n, c.num_heads * c.head_dim))
+      x, h, ids, extra = self._post_attention(block, x, attn_rows)
       if ids is not None:
         gates, probs = extra
         ffn = block.ffn
         x = x + grouped.grouped_swiglu(h, ids, gates, ffn.w_gate[...], ffn.w_up[...],
                                        ffn.w_down[...], c.row_tile, c.compute_jnp_dtype,
                                        exact_numerics=c.exact_numerics)
-        all_ids.append(ids)
-        all_probs.append(probs)
+        all_ids.append(ids[:n])
+        all_probs.append(probs[:n])
     if all_ids:
       expert_ids = jnp.stack(all_ids, 1).reshape(b, s, len(all_ids), c.experts_per_token)
       router_probs = jnp.stack(all_probs, 1).reshape(b, s, len(all_ids), c.num_experts)
@@ -207,8 +213,8 @@ class Transformer(nnx.Module):
       expert_ids = jnp.zeros((b, s, 0, 0), jnp.int32)
       router_probs = jnp.zeros((b, s, 0, 0), F32)
     return ForwardOutput(
-        hidden=x.reshape(b, s, c.d_model),
-        cache=kvc.KVCache(k=tuple(new_k), v1=tuple(new_v1), segments=segments),
+        hidden=x[:n].reshape(b, s, c.d_model),
+        cache=kvc.KVCache(k=tuple(new_k), v=tuple(new_v), segments=segments),
         expert_ids=expert_ids, router_probs=router_probs)
 
 

@@ -1,45 +1,65 @@
 """Batch-invariant ("exact") operations: a row's bits never depend on its neighbours.
 
-Measured on XLA:CPU (BUILD_NOTES.md, "Parity design"): a matmul row's result depends on
-how many rows the call has once the contraction is >= 512 wide; a single-query attention
-lowers to a matrix-vector product with a different summation order than a multi-query one;
-softmax normalizers depend on the padded key length. The design that removes all of these:
+Measured on XLA:CPU (jaxlib 0.10.2, with `xla_flags.PARITY_FLAGS`; BUILD_NOTES.md §1,
+"What breaks it" and `python -m composer_rl.bench.invariance`): a matmul row's bits depend
+on how many rows the call has when the contraction is wider than 256 (Eigen's blocking and
+inner-dimension sharding change the summation order) or when the call has fewer than 8 rows
+(matrix-vector and small-M kernels); reductions over the minor axis (norms, softmax, sums)
+and element-wise maths do not depend on the row count. So every operation here runs on the
+whole batch at once, and only two rules make it exact:
 
-* `map_row_tiles`: every token-local computation (norms, projections, MLPs, router, the
-  output head and the sampling transform) runs on fixed `[tile, ...]` blocks through
-  `lax.map`, so each block is the *same* compiled computation whatever the batch, slot,
-  padding or program (prefill, decode, or the forward inside `value_and_grad`).
-* `attention`: fixed blocks of query positions against a key axis of fixed length (the KV
-  cache) taken in fixed key blocks with an online softmax, -inf masking, and a normalizer
-  that comes out of the same dot as the values (V carries an extra channel of ones). Key
-  blocks past what a call can see are skipped, which is exact (see `attention`).
+* `dense`: the contraction is cut into fixed chunks of at most `CONTRACTION_CHUNK` (256)
+  whose partial products are added in a fixed order; a call with fewer than `MIN_ROWS` (8)
+  rows or `MIN_COLS` (16) output columns is padded to that. Row i's bits are then the same for any number of rows, in
+  prefill, decode and the forward inside `value_and_grad`.
+* `attention`: scores over the head dimension (<= 256, one chunk), one softmax shift per
+  query (the max over its visible keys: exact in any order), and the weighted sum of values
+  taken in fixed key blocks (`key_block` <= 256 keys, each block's dot a fixed contraction)
+  added in block order, with the normalizer summed block by block the same way. A block a
+  query cannot see contributes exact zeros, so a call may read any multiple of the key
+  block that covers its visible keys: each call reads the smallest of a few key-length
+  buckets (`key_buckets`) that covers the furthest key it can see, picked on device.
+
+Element-wise maths is the same in every program, but XLA:CPU's reduction loops are not:
+their summation order follows how the reduction was fused and laid out, which differs
+between the sampler's and the trainer's programs. So every sum that feeds a log-prob (norms,
+softmax normalizers, top-p's cumulative mass) is a dot with a ones matrix (`row_sum`,
+`row_cumsum`), maxima stay reductions (exact in any order), products are rounded before
+they are added (`rounded`), and row-local stages run on at least `MIN_ROWS` rows
+(`pad_rows`).
 
 A backend-specific kernel (a Pallas fixed-tile matmul on GPU) can replace `dense` or
 `attention` here without touching the model.
 """
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 F32 = jnp.float32
+# Widest contraction whose per-row bits do not depend on the row count (measured above).
+CONTRACTION_CHUNK = 128
+# Fewest rows a dot may have before XLA:CPU switches to a matrix-vector/small-M kernel.
+MIN_ROWS = 8
+# Fewest output columns: with 8 columns Eigen re-blocks the contraction once the left
+# operand passes ~330 KB (measured at 256 x 320 rows and 128 x 656 rows); 16 never did.
+MIN_COLS = 16
 
 
 def map_row_tiles(fn: Callable[..., Any], rows: Any, tile: Optional[int]) -> Any:
   """Applies `fn` to fixed-size row tiles of `rows` (a pytree of [R, ...] arrays).
 
-  `fn` maps a pytree of [tile, ...] arrays to a pytree of [tile, ...] arrays and must be
-  row-local (row i of the output depends only on row i of the input). Rows are padded to a
-  multiple of `tile` by repeating the last row (zeros would put e.g. a temperature of 0 into
-  the padding, whose NaN partials poison the weight gradient even under a zero cotangent);
-  padding rows are computed and dropped. `tile=None` calls `fn` on all rows at once (the
-  inexact fast mode).
+  A memory bound, not an exactness device: with the ops below a row's bits are the same
+  whatever the tile. `fn` must be row-local. Rows are padded to a multiple of `tile` by
+  repeating the last row (zeros would put e.g. a temperature of 0 into the padding, whose
+  NaN partials poison the weight gradient even under a zero cotangent); padding rows are
+  computed and dropped. `tile=None` (or a tile covering every row) calls `fn` once.
   """
-  if tile is None:
-    return fn(rows)
   leaves = jax.tree.leaves(rows)
   num_rows = leaves[0].shape[0]
+  if tile is None or tile >= num_rows:
+    return fn(rows)
   num_tiles = -(-num_rows // tile)
   pad = num_tiles * tile - num_rows
 
@@ -51,15 +71,109 @@ def map_row_tiles(fn: Callable[..., Any], rows: Any, tile: Optional[int]) -> Any
   return jax.tree.map(lambda y: y.reshape((num_tiles * tile,) + y.shape[2:])[:num_rows], out)
 
 
-def dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
-  """x [T, K] @ w [K, N] in `dtype` with fp32 accumulation; call inside a row tile."""
-  return jnp.dot(x.astype(dtype), w.astype(dtype), preferred_element_type=F32)
+def rounded(x: Any) -> Any:
+  """Products about to be added, behind an optimization barrier: LLVM may contract
+  a*b + c into a fused multiply-add in one program and not in another."""
+  return lax.optimization_barrier(x)
+
+
+def _padded(x: jax.Array, axis: int, size: int) -> jax.Array:
+  """x zero-padded along `axis` to `size`, behind an optimization barrier: XLA would
+  otherwise rewrite dot(pad(x), w) into pad(dot(x, w)), the small shape padding avoids."""
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, size - x.shape[axis])
+  return lax.optimization_barrier(jnp.pad(x, pad))
+
+
+def pad_rows(rows: Any, min_rows: int = MIN_ROWS) -> Any:
+  """A pytree of [R, ...] arrays with R < min_rows padded to min_rows rows (the last row
+  repeated), behind an optimization barrier; others unchanged. Row-local stages run on
+  >= MIN_ROWS rows: measured in a decode loop, a one-row call fuses its reductions (the
+  RMSNorm's sum of squares) differently from a call of several rows, so a sequence decoded
+  alone came out 1 ulp away from the same sequence decoded beside others."""
+  num_rows = jax.tree.leaves(rows)[0].shape[0]
+  if num_rows >= min_rows:
+    return rows
+  pad = lambda x: jnp.pad(x, [(0, min_rows - num_rows)] + [(0, 0)] * (x.ndim - 1), mode="edge")
+  return lax.optimization_barrier(jax.tree.map(pad, rows))
+
+
+def dense(x: jax.Array, w: jax.Array, dtype, exact: bool = True) -> jax.Array:
+  """x [T, K] @ w [K, N] in `dtype` with fp32 accumulation, row-invariant when `exact`."""
+  x, w = x.astype(dtype), w.astype(dtype)
+  if not exact:
+    return jnp.dot(x, w, preferred_element_type=F32)
+  (rows, width), cols = x.shape, w.shape[1]
+  if rows < MIN_ROWS:
+    x = _padded(x, 0, MIN_ROWS)
+  if cols < MIN_COLS:  # e.g. a router over a few experts
+    w = _padded(w, 1, MIN_COLS)
+  out = None
+  for lo in range(0, width, CONTRACTION_CHUNK):  # fixed chunks, added in a fixed order
+    part = jnp.dot(x[:, lo:lo + CONTRACTION_CHUNK], w[lo:lo + CONTRACTION_CHUNK],
+                   preferred_element_type=F32)
+    out = part if out is None else out + part
+  return out[:rows, :cols]
+
+
+def _ones(n: int) -> jax.Array:
+  """[n, MIN_COLS] ones that XLA cannot see are constant (it would turn a dot with them
+  back into a reduction)."""
+  return lax.optimization_barrier(jnp.ones((n, MIN_COLS), F32))
+
+
+def row_sum(x: jax.Array) -> jax.Array:
+  """Sum over the last axis of fp32 `x` [..., n] -> [...], in an order no program changes.
+
+  XLA:CPU's reduction loops sum in an order that depends on how the reduction was fused
+  and laid out (measured: the same RMSNorm rows differed by 1 ulp between the sampler's
+  and the trainer's programs, even from a materialized input), so sums that feed a
+  log-prob are dots with a ones matrix instead, which `dense` makes row-invariant: chunks
+  of CONTRACTION_CHUNK, then the chunk totals summed the same way.
+  """
+  lead, n = x.shape[:-1], x.shape[-1]
+  x = x.reshape(-1, n).astype(F32)
+  while n > CONTRACTION_CHUNK:
+    chunks = -(-n // CONTRACTION_CHUNK)
+    x = _padded(x, 1, chunks * CONTRACTION_CHUNK)  # zeros add nothing
+    x = dense(x.reshape(-1, CONTRACTION_CHUNK), _ones(CONTRACTION_CHUNK), F32)[:, 0]
+    x, n = x.reshape(-1, chunks), chunks
+  return dense(x, _ones(n), F32)[:, 0].reshape(lead)
+
+
+def row_cumsum(x: jax.Array) -> jax.Array:
+  """Inclusive cumulative sum over the last axis of fp32 `x` [R, n], as dots (see
+  `row_sum`): within blocks of CONTRACTION_CHUNK by a triangular matrix, plus the sum of
+  the blocks before."""
+  rows, n = x.shape
+  size = min(n, CONTRACTION_CHUNK)
+  blocks = -(-n // size)
+  x = _padded(x.astype(F32), 1, blocks * size) if blocks * size > n else x.astype(F32)
+  tri = lax.optimization_barrier(jnp.triu(jnp.ones((size, size), F32)))
+  within = dense(x.reshape(rows * blocks, size), tri, F32).reshape(rows, blocks, size)
+  if blocks > 1:
+    totals = row_sum(x.reshape(rows, blocks, size))  # [rows, blocks]
+    before = lax.optimization_barrier(jnp.triu(jnp.ones((blocks, blocks), F32), 1))
+    within = within + dense(totals, before, F32)[:, :, None]
+  return within.reshape(rows, blocks * size)[:, :n]
+
+
+def log_softmax(x: jax.Array) -> jax.Array:
+  """log-softmax over the last axis with `row_sum` for the normalizer."""
+  peak = lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))  # exact in any order
+  shifted = x - jnp.where(jnp.isfinite(peak), peak, 0.0)
+  return shifted - jnp.log(row_sum(jnp.exp(shifted)))[..., None]
+
+
+def softmax(x: jax.Array) -> jax.Array:
+  """softmax over the last axis with `row_sum` for the normalizer."""
+  return jnp.exp(log_softmax(x))
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm over the last axis in fp32; call inside a row tile."""
+  """RMSNorm over the last axis in fp32."""
   x = x.astype(F32)
-  var = jnp.mean(x * x, axis=-1, keepdims=True)
+  var = row_sum(x * x)[..., None] / x.shape[-1]
   return x * lax.rsqrt(var + eps) * scale.astype(F32)
 
 
@@ -71,113 +185,99 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
   x = x.astype(F32)
   x1, x2 = x[..., :half], x[..., half:]
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  a, b, c, d = rounded((x1 * cos, x2 * sin, x2 * cos, x1 * sin))
+  return jnp.concatenate([a - b, c + d], axis=-1)
 
 
-def attention(q: jax.Array, k_cache: jax.Array, v1_cache: jax.Array, key_segments: jax.Array,
+def key_buckets(length: int, key_block: int) -> Sequence[int]:
+  """Key lengths a call may read: the smallest multiple of key_block with >= MIN_COLS keys,
+  doubled until the whole cache."""
+  out, n = [], key_block * -(-MIN_COLS // key_block)
+  while n < length:
+    out.append(n)
+    n *= 2
+  return tuple(out) + (length,)
+
+
+def _attend(q, k, v, key_segments, query_slots, query_segments, key_block: int):
+  """Attention of q [B, G, M, D] (M = query rows, query-major) over the first n keys.
+
+  k, v: [B, G, n, D]; key_segments [B, n]; query_slots/segments [B, M] per query row.
+  key_block=0: one softmax over all n keys in one dot (the inexact fast mode).
+  """
+  n = k.shape[2]
+  scores = jnp.einsum("bgmd,bgnd->bgmn", q, k, preferred_element_type=F32)
+  key_ids = jnp.arange(n, dtype=jnp.int32)
+  visible = ((key_ids[None, None, :] <= query_slots[:, :, None])
+             & (key_segments[:, None, :] == query_segments[:, :, None])
+             & (key_segments[:, None, :] != 0))[:, None]  # [B, 1, M, n]
+  scores = jnp.where(visible, scores, -jnp.inf)
+  peak = jnp.max(scores, axis=-1, keepdims=True)  # exact in any order
+  shift = lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))
+  probs = jnp.exp(scores - shift).astype(v.dtype)
+  kb = key_block or n
+  d = v.shape[-1]
+  if key_block and d < MIN_COLS:  # value dots get >= MIN_COLS output columns
+    v = _padded(v, 3, MIN_COLS)
+  acc = norm = None
+  for lo in range(0, n, kb):  # fixed key blocks, added in block order
+    p = probs[..., lo:lo + kb]
+    part = jnp.einsum("bgmk,bgkd->bgmd", p, v[:, :, lo:lo + kb], preferred_element_type=F32)
+    total = (row_sum(p.astype(F32))[..., None] if key_block
+             else jnp.sum(p.astype(F32), axis=-1, keepdims=True))
+    acc, norm = (part, total) if acc is None else (acc + part, norm + total)
+  return jnp.where(norm > 0, acc[..., :d] / jnp.where(norm > 0, norm, 1.0), 0.0)
+
+
+def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments: jax.Array,
               query_slots: jax.Array, query_segments: jax.Array, exact: bool = True,
-              query_block: int = 1, key_block: int = 0) -> jax.Array:
-  """Causal grouped-query attention over a fixed-length KV cache, in fixed blocks.
+              key_block: int = 128, key_len: Optional[int] = None) -> jax.Array:
+  """Causal grouped-query attention over a KV cache.
 
   Args:
     q: [B, S, H, D] queries, already scaled by 1/sqrt(D) and rotated.
-    k_cache: [B, G, L, D] keys for every cache slot (G kv heads, L = max_seq_len).
-    v1_cache: [B, G, L, D + 1] values with a trailing channel of ones on written slots, so
-      the softmax normalizer is computed by the same dot as the weighted values.
+    k_cache, v_cache: [B, G, L, D] keys and values for every cache slot (G kv heads).
     key_segments: [B, L] int32 segment id of each slot; 0 = never written.
     query_slots: [B, S] cache slot of each query token (a query sees slots <= its own).
     query_segments: [B, S] segment id of each query (a query sees only its own segment).
-    exact: False computes all queries in one batched dot (the inexact fast mode).
-    query_block: query positions per attention dot. Every call, decode included, pads its
-      queries to a multiple of this, so each dot has the same [block * heads_per_kv, Kb]
-      shape: larger blocks cut the sequential loop in prefill/training and cost decode
-      block-fold attention FLOPs.
-    key_block: key slots per block of the online softmax (0 = all L in one block); must
-      divide L. Key blocks run in order 0, 1, ... and a block past the last slot any query
-      of the call can see is skipped: for such a block the online-softmax update is an
-      exact identity (its probabilities are exactly 0, the running max and the rescale
-      factor exp(0) = 1 are unchanged), so a query's bits do not depend on how many blocks
-      its call ran. That is what lets decode (one query per sequence, each sequence at its
-      own length) and training (causal: query block i needs key blocks <= i) read only the
-      keys they need and still agree bit for bit. Decode (one query block) runs each
-      sequence separately so each reads only its own length.
+    exact: False reads the whole cache in one softmax and one value dot, with no row
+      padding (the inexact fast mode).
+    key_block: keys per block of the value sum (<= CONTRACTION_CHUNK; divides L). Part of
+      the numerics: sampler and trainer share it.
+    key_len: a static number of leading slots that covers every key the call can see
+      (a multiple of key_block, or L); None picks the smallest `key_buckets` length on
+      device.
 
   Returns:
     [B, S, H, D] attention outputs in fp32 (zeros for queries that see no key).
   """
   b, s, h, d = q.shape
   g, length = k_cache.shape[1], k_cache.shape[2]
-  kb = key_block or length
-  if length % kb:
-    raise ValueError(f"key_block={key_block} must divide the KV cache length {length}")
   rep = h // g
-  q = q.reshape(b, s, g, rep, d).astype(k_cache.dtype)
-  v1_dtype = v1_cache.dtype
-
-  def one_block(args):
-    q_b, slot_b, seg_b, k_all, v_all, kseg_all = args
-    # q_b [B', G, Qb*R, D] (query-major rows); slot_b, seg_b [B', Qb]; caches of B' rows.
-    last = jnp.max(jnp.where(seg_b != 0, slot_b, -1))  # last slot any query here sees
-    steps = jnp.where(last < 0, 0, last // kb + 1)
-
-    def update(carry, blk):
-      peak, acc = carry  # [B', G, Qb*R, 1] running max, [B', G, Qb*R, D+1] sums
-      k_j, v_j, kseg, j = blk
-      key_ids = j * kb + jnp.arange(kb, dtype=jnp.int32)
-      scores = jnp.einsum("bgrd,bgld->bgrl", q_b, k_j, preferred_element_type=F32)
-      visible = ((key_ids[None, None, :] <= slot_b[:, :, None])
-                 & (kseg[:, None, :] == seg_b[:, :, None])
-                 & (kseg[:, None, :] != 0))  # [B', Qb, Kb]
-      visible = jnp.repeat(visible, rep, axis=1)[:, None]  # [B', 1, Qb*R, Kb]
-      scores = jnp.where(visible, scores, -jnp.inf)
-      new_peak = jnp.maximum(peak, jnp.max(scores, axis=-1, keepdims=True))  # exact
-      shift = jnp.where(jnp.isfinite(new_peak), new_peak, 0.0)
-      probs = jnp.exp(scores - shift).astype(v1_dtype)
-      acc = acc * jnp.exp(peak - shift) + jnp.einsum(
-          "bgrl,bgld->bgrd", probs, v_j, preferred_element_type=F32)
-      return new_peak, acc
-
-    rows = q_b.shape[:3]
-    init = (jnp.full(rows + (1,), -jnp.inf, F32), jnp.zeros(rows + (d + 1,), F32))
-    if kb == length:  # one block: no loop
-      _, acc = update(init, (k_all, v_all, kseg_all, jnp.int32(0)))
-    else:
-      nk = length // kb
-      # Key blocks as scan inputs (not slices of a captured cache), so the backward pass
-      # stacks their cotangents instead of adding a full-cache one per block.
-      split = lambda x, axis: jnp.moveaxis(
-          x.reshape(x.shape[:axis] + (nk, kb) + x.shape[axis + 1:]), axis, 0)
-      blocks = (split(k_all, 2), split(v_all, 2), split(kseg_all, 1),
-                jnp.arange(nk, dtype=jnp.int32))
-      key_step = lambda c, blk: (lax.cond(blk[3] < steps, update, lambda c, _: c, c, blk),
-                                 None)
-      (_, acc), _ = lax.scan(key_step, init, blocks)
-    norm = acc[..., d:]
-    return jnp.where(norm > 0, acc[..., :d] / jnp.where(norm > 0, norm, 1.0), 0.0)
-
   if not exact:
-    rows = jnp.moveaxis(q, 1, 2).reshape(b, g, s * rep, d)
-    out = one_block((rows, query_slots, query_segments, k_cache, v1_cache, key_segments))
-    return jnp.moveaxis(out.reshape(b, g, s, rep, d), 2, 1).reshape(b, s, h, d)
-  qb = query_block
-  nb = -(-s // qb)
-  pad = nb * qb - s
-  # Padding queries get segment 0: they see no key and produce zeros (dropped below).
-  q = jnp.pad(q, [(0, 0), (0, pad), (0, 0), (0, 0), (0, 0)])
-  slots = jnp.pad(query_slots, [(0, 0), (0, pad)])
-  segs = jnp.pad(query_segments, [(0, 0), (0, pad)])
-  q_blocks = q.reshape(b, nb, qb, g, rep, d).transpose(1, 0, 3, 2, 4, 5).reshape(
-      nb, b, g, qb * rep, d)
-  slot_blocks = slots.reshape(b, nb, qb).transpose(1, 0, 2)
-  seg_blocks = segs.reshape(b, nb, qb).transpose(1, 0, 2)
-  if nb == 1 and kb < length:
-    # Decode: each sequence on its own, so each reads only the key blocks of its length.
-    one = lambda x: x[:, None]
-    out = lax.map(one_block, (one(q_blocks[0]), one(slot_blocks[0]), one(seg_blocks[0]),
-                              one(k_cache), one(v1_cache), one(key_segments)))
-    out = out[:, 0][None]
+    key_block, key_len = 0, length
+  elif length % key_block or key_block > CONTRACTION_CHUNK:
+    raise ValueError(f"key_block={key_block} must divide the cache length {length} and be "
+                     f"<= {CONTRACTION_CHUNK}")
+  # Pad the query positions so every (sequence, kv head) dot has >= MIN_ROWS rows; padding
+  # queries have segment 0: they see no key and are dropped below.
+  s_pad = max(s, -(-MIN_ROWS // rep)) if exact else s
+  pad = [(0, 0), (0, s_pad - s)]
+  q = (_padded(q, 1, s_pad) if s_pad > s else q).astype(k_cache.dtype)
+  slots, segs = jnp.pad(query_slots, pad), jnp.pad(query_segments, pad)
+  rows = q.reshape(b, s_pad, g, rep, d).transpose(0, 2, 1, 3, 4).reshape(b, g, s_pad * rep, d)
+  row_slots, row_segs = jnp.repeat(slots, rep, axis=1), jnp.repeat(segs, rep, axis=1)
+
+  def run(n):
+    return lambda: _attend(rows, k_cache[:, :, :n], v_cache[:, :, :n], key_segments[:, :n],
+                           row_slots, row_segs, key_block)
+
+  if key_len is not None:
+    out = run(key_len)()
   else:
-    out = lax.map(lambda a: one_block(a + (k_cache, v1_cache, key_segments)),
-                  (q_blocks, slot_blocks, seg_blocks))
-  out = out.reshape(nb, b, g, qb, rep, d).transpose(1, 0, 3, 2, 4, 5)
-  return out.reshape(b, nb * qb, h, d)[:, :s]
+    buckets = key_buckets(length, key_block)
+    furthest = jnp.max(jnp.where(segs != 0, slots, 0)) + 1
+    index = jnp.sum((jnp.asarray(buckets, jnp.int32) < furthest).astype(jnp.int32))
+    out = lax.switch(jnp.minimum(index, len(buckets) - 1), [run(n) for n in buckets])
+  out = out.reshape(b, g, s_pad, rep, d).transpose(0, 2, 1, 3, 4)
+  return out.reshape(b, s_pad, h, d)[:, :s]

@@ -223,7 +223,7 @@ class Engine:
     model = nnx.merge(self.graphdef, params)
     keys = head_lib.token_keys(seed, seq_id[None], position[None])
     return head_lib.token_head(model.logits, hidden, keys, jnp.full((1,), -1), rows,
-                               self.config.tile, top=self.top_logprobs)
+                               top=self.top_logprobs)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
     def put(full, one):
@@ -266,7 +266,7 @@ class Engine:
     keys = jax.vmap(lambda s, q, p: head_lib.token_keys(s, q[None], p[None])[0])(
         state.seeds, state.seq_ids, slot_pos + 1)
     nxt = head_lib.token_head(model.logits, out.hidden[:, 0], keys,
-                              jnp.full((self.slots,), -1), state.sampling, self.config.tile,
+                              jnp.full((self.slots,), -1), state.sampling,
                               top=self.top_logprobs)
     live = state.active
     new_state = state.replace(cache=out.cache, lengths=jnp.where(live, slot_pos + 1, slot_pos),

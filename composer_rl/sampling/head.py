@@ -10,7 +10,7 @@ The transform is applied in the order temperature -> top-k -> top-p, and the log
 returned are those *of the distribution actually sampled from* (renormalized over the kept
 support; -inf outside it). Greedy decoding is `top_k = 1` (log-prob 0).
 """
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import flax.struct
 import jax
@@ -49,19 +49,35 @@ class RowSampling:
 
 
 def transformed_logprobs(logits: jax.Array, s: RowSampling) -> jax.Array:
-  """[T, V] fp32 logits -> log-probs of the transformed distribution ([T, V], -inf = cut)."""
+  """[T, V] fp32 logits -> log-probs of the transformed distribution ([T, V], -inf = cut).
+
+  The kept support is {z >= threshold}. The threshold is the k-th largest value (top-k)
+  or the value of the last token of the nucleus (top-p), found by sorting the vocabulary;
+  the sort runs only when some row asks for top_k > 1 or top_p < 1. Otherwise the
+  threshold is the maximum (greedy, top_k = 1) or -inf (no cut): the same values the
+  sorting path finds for such rows, so a row's bits do not depend on its neighbours.
+  """
   vocab = logits.shape[-1]
   z = logits.astype(F32) / s.temperature[:, None]
-  ranks = jnp.arange(vocab, dtype=jnp.int32)[None, :]
-  sorted_desc = -lax.sort(-z, dimension=1)
-  k = jnp.where(s.top_k > 0, jnp.minimum(s.top_k, vocab), vocab)
-  in_top_k = ranks < k[:, None]
-  sorted_probs = jax.nn.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=-1)
-  mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-  keep = in_top_k & ((mass_before < s.top_p[:, None]) | (ranks == 0))
-  num_keep = jnp.sum(keep.astype(jnp.int32), axis=-1)
-  threshold = jnp.take_along_axis(sorted_desc, (num_keep - 1)[:, None], axis=-1)
-  return jax.nn.log_softmax(jnp.where(z >= threshold, z, -jnp.inf), axis=-1)
+
+  def sorted_threshold():
+    ranks = jnp.arange(vocab, dtype=jnp.int32)[None, :]
+    sorted_desc = -lax.sort(-z, dimension=1)
+    k = jnp.where(s.top_k > 0, jnp.minimum(s.top_k, vocab), vocab)
+    in_top_k = ranks < k[:, None]
+    sorted_probs = exact.softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf))
+    mass_before = exact.row_cumsum(sorted_probs) - sorted_probs
+    keep = in_top_k & ((s.top_p[:, None] >= 1.0) | (mass_before < s.top_p[:, None])
+                       | (ranks == 0))
+    num_keep = jnp.sum(keep.astype(jnp.int32), axis=-1)
+    return jnp.take_along_axis(sorted_desc, (num_keep - 1)[:, None], axis=-1)
+
+  def simple_threshold():
+    return jnp.where(s.top_k[:, None] == 1, jnp.max(z, axis=-1, keepdims=True), -jnp.inf)
+
+  needs_sort = jnp.any((s.top_k > 1) | (s.top_p < 1.0))
+  threshold = lax.stop_gradient(lax.cond(needs_sort, sorted_threshold, simple_threshold))
+  return exact.log_softmax(jnp.where(z >= threshold, z, -jnp.inf))
 
 
 class HeadOutput(NamedTuple):
@@ -74,12 +90,21 @@ class HeadOutput(NamedTuple):
   top_logprobs: jax.Array
 
 
-def _head_tile(logits_fn, top, args):
+def _head(logits_fn, top, args):
   hidden, keys, targets, samp = args
   lp = transformed_logprobs(logits_fn(hidden), samp)
-  gumbel = jax.vmap(lambda k: jax.random.gumbel(jax.random.wrap_key_data(k), lp.shape[-1:],
-                                                F32))(keys)
-  sampled = jnp.argmax(lp + gumbel, axis=-1).astype(jnp.int32)
+  # Gumbel-max sampling. Noise is drawn only when some row samples from more than one
+  # token; greedy rows (top_k = 1) and scored rows (targets >= 0) take none, so a row's
+  # token never depends on whether its neighbours drew noise.
+  noisy = (targets < 0) & (samp.top_k != 1)
+
+  def gumbel():
+    g = jax.vmap(lambda k: jax.random.gumbel(jax.random.wrap_key_data(k), lp.shape[-1:], F32)
+                 )(keys)
+    return jnp.where(noisy[:, None], g, 0.0)
+
+  noise = lax.cond(jnp.any(noisy), gumbel, lambda: jnp.zeros_like(lp))
+  sampled = jnp.argmax(lp + noise, axis=-1).astype(jnp.int32)
   tokens = jnp.where(targets >= 0, targets, sampled)
   logprob = jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
   p = jnp.exp(lp)
@@ -93,15 +118,18 @@ def _head_tile(logits_fn, top, args):
 
 
 def token_head(logits_fn, hidden: jax.Array, keys: jax.Array, targets: jax.Array,
-               sampling: RowSampling, tile: int, top: int = 0) -> HeadOutput:
+               sampling: RowSampling, tile: Optional[int] = None, top: int = 0) -> HeadOutput:
   """Runs the head on rows: hidden [R, d], keys [R, 2] uint32, targets [R] (-1 = sample).
 
-  `logits_fn` maps [tile, d] hidden states to [tile, V] fp32 logits (`Transformer.logits`).
+  `logits_fn` maps [T, d] hidden states to [T, V] fp32 logits (`Transformer.logits`).
+  `tile` bounds memory (rows per call of the head; a row's bits do not depend on it).
   `top` > 0 also returns each row's `top` most likely tokens and their log-probs (read off
   the same log-probs the token's own comes from).
   """
-  return exact.map_row_tiles(lambda a: _head_tile(logits_fn, top, a),
-                             (hidden, keys, targets.astype(jnp.int32), sampling), tile)
+  num_rows = hidden.shape[0]
+  rows = exact.pad_rows((hidden, keys, targets.astype(jnp.int32), sampling))
+  out = exact.map_row_tiles(lambda a: _head(logits_fn, top, a), rows, tile)
+  return jax.tree.map(lambda x: x[:num_rows], out)
 
 
 def token_keys(seed, seq_ids: jax.Array, positions: jax.Array) -> jax.Array:

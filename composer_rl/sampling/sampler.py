@@ -87,7 +87,7 @@ def generate_arrays(model: Transformer, prompt_tokens, prompt_lens, seq_ids, see
   def sample_at(h, positions):
     keys = head_lib.token_keys(seed, seq_ids, positions)
     return head_lib.token_head(model.logits, h, keys, jnp.full((b,), -1, jnp.int32),
-                               sampling, c.tile)
+                               sampling)
 
   first = sample_at(last_hidden, prompt_lens)
   m, k = prompt_ids.shape[2], prompt_ids.shape[3]

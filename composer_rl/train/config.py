@@ -172,7 +172,7 @@ def _check_corpus(config, model: ModelConfig, seq_len: int) -> None:
   align = pretrain.alignment(model)
   if seq_len % align:
     raise ConfigError(f"config.train.seq_len={seq_len} must be a multiple of "
-                      f"model.attention_key_block={align} (packed documents start on key "
+                      f"the model's attention key block {align} (packed documents start on key "
                       "blocks, which keeps packing bitwise)")
   try:
     pretrain.corpus_settings(section, 0)

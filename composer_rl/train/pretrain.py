@@ -111,9 +111,9 @@ def load_corpus(section, seed: int, workdir: str) -> corpus_lib.Corpus:
 def alignment(model_config) -> int:
   """Where packed documents must start for packing to be bitwise: a multiple of the
   attention key block. A document's keys then fill key blocks exactly as they do when the
-  document is alone (blocks of other documents are fully masked for its queries, an exact
-  identity of the online softmax); with one block (key_block 0) no alignment is needed."""
-  return model_config.attention_key_block or 1
+  document is alone (blocks of other documents are fully masked for its queries and add
+  exact zeros to the block-ordered value sum)."""
+  return model_config.key_block
 
 
 def train_rows(corpus: corpus_lib.Corpus, tokenizer, seq_len: int, seed: int, align: int):

@@ -47,7 +47,7 @@ def score_tokens(model: Transformer, tokens: jax.Array, sampling: head_lib.RowSa
   per_row = jax.tree.map(lambda x: jnp.repeat(x, s - 1), sampling)
   head = head_lib.token_head(
       model.logits, out.hidden[:, :-1].reshape(rows, -1), jnp.zeros((rows, 2), jnp.uint32),
-      tokens[:, 1:].reshape(rows), per_row, model.config.tile)
+      tokens[:, 1:].reshape(rows), per_row)
   valid = jnp.ones((b, s), bool) if segment_ids is None else segment_ids > 0
   valid = valid[:, 1:]
   return Scores(logprobs=jnp.where(valid, head.logprobs.reshape(b, s - 1), 0.0),

@@ -349,7 +349,7 @@ def test_experiment_starts_from_a_converted_checkpoint_and_exports(dense, tmp_pa
   c = sft_from_hf.get_config()
   c.init_checkpoint = str(ckpt)
   c.data.jsonl = str(data)
-  c.model.update(max_seq_len=32, row_tile=8, attention_query_block=4, attention_key_block=8)
+  c.model.update(max_seq_len=32, row_tile=8, attention_key_block=8)
   c.train.update(steps=1, batch_size=4, seq_len=32, micro_batch_size=2)
   c.optimizer.update(warmup_steps=5, total_steps=10)
   c.checkpoint.update(every_steps=1, async_save=False)

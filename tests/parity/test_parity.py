@@ -21,7 +21,6 @@ def _random_config(seed: int, **overrides) -> ModelConfig:
             num_layers=layers, num_kv_heads=kv, num_heads=kv * int(rng.choice([1, 2, 3])),
             head_dim=int(rng.choice([8, 16])), d_ff=int(rng.choice([40, 64])),
             max_seq_len=int(rng.choice([48, 64])), row_tile=int(rng.choice([4, 8, 16])),
-            attention_query_block=int(rng.choice([1, 4, 8])),
             compute_dtype=str(rng.choice(["bfloat16", "float32"])), qk_norm=bool(rng.integers(0, 2)),
             tie_embeddings=bool(rng.integers(0, 2)))
   if moe:
@@ -60,8 +59,7 @@ def test_realistic_size_moe_is_bitwise_exact():
   start depending on the number of rows."""
   cfg = ModelConfig(vocab_size=2048, d_model=512, num_layers=4, num_heads=8, num_kv_heads=4,
                     head_dim=64, d_ff=1024, max_seq_len=96, num_experts=4, experts_per_token=2,
-                    moe_d_ff=512, moe_layers=(1, 3), attention_query_block=8,
-                    attention_key_block=16)
+                    moe_d_ff=512, moe_layers=(1, 3), attention_key_block=16)
   report = run_suite([cfg], SamplingConfig(top_k=40, top_p=0.95, max_new_tokens=16, seed=5),
                      num_prompts=8, prompt_len_range=(2, 40), batch_sizes=[3],
                      prefill_chunks=[11], prompt_buckets=[16], train_batch_sizes=[8],

@@ -500,8 +500,7 @@ def test_restore_params_from_train_checkpoint(tmp_path):
   from composer_rl.train.checkpoint import Checkpointer  # pylint: disable=import-outside-toplevel
   from composer_rl.train.train_step import TrainConfig, make_train_step  # pylint: disable=import-outside-toplevel
   mc = ModelConfig(vocab_size=264, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                   head_dim=8, d_ff=32, max_seq_len=32, row_tile=8, attention_query_block=4,
-                   compute_dtype="float32")
+                   head_dim=8, d_ff=32, max_seq_len=32, row_tile=8, compute_dtype="float32")
   step = make_train_step(mc, TrainConfig(), sharding.make_mesh({"data": 1},
                                                                jax.devices()[:1]))
   ckpt = Checkpointer(str(tmp_path / "checkpoints"))

@@ -11,7 +11,7 @@ from composer_rl.sampling.sampler import Sampler, SamplingConfig
 from composer_rl.train.batch import build_batch
 
 TINY = ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                   head_dim=16, d_ff=64, max_seq_len=32, row_tile=8, attention_query_block=8)
+                   head_dim=16, d_ff=64, max_seq_len=32, row_tile=8)
 
 
 def on_policy_records(model_config, params_or_model, num, seed=0, prompt_len=(2, 6),

@@ -48,7 +48,7 @@ DOCS = ["def add(a, b):\n    return a + b\n", "import os\nprint(os.sep)\n",
 def _model(compute_dtype, key_block):
   cfg = ModelConfig(vocab_size=ByteTokenizer().vocab_size, d_model=64, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=16, d_ff=128, max_seq_len=128,
-                    row_tile=16, attention_query_block=4, attention_key_block=key_block,
+                    row_tile=16, attention_key_block=key_block,
                     compute_dtype=compute_dtype)
   return Transformer(cfg, rngs=nnx.Rngs(3))
 

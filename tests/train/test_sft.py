@@ -10,7 +10,7 @@ from composer_rl.train.optimizer import OptimizerConfig
 from .helpers import TINY
 
 MC = TINY.replace(vocab_size=ByteTokenizer().vocab_size, d_model=48, max_seq_len=48,
-                  row_tile=16, attention_query_block=16)
+                  row_tile=16)
 
 
 def test_synthetic_records_mask_only_the_answer():
