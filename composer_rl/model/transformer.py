@@ -131,9 +131,12 @@ class Transformer(nnx.Module):
     c, dt = self.config, self.config.compute_jnp_dtype
     h = exact.rms_norm(x, self._w(attn.norm), c.norm_eps)
     t = x.shape[0]
-    q = self._dense(h, attn.wq[...]).reshape(t, c.num_heads, c.head_dim)
-    k = self._dense(h, attn.wk[...]).reshape(t, c.num_kv_heads, c.head_dim)
-    v = self._dense(h, attn.wv[...]).reshape(t, c.num_kv_heads, c.head_dim)
+    # One dot for q, k and v (a column's bits do not depend on the others: ops.exact).
+    qkv = self._dense(h, jnp.concatenate([attn.wq[...], attn.wk[...], attn.wv[...]], 1))
+    nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    q = qkv[:, :nq].reshape(t, c.num_heads, c.head_dim)
+    k = qkv[:, nq:nq + nkv].reshape(t, c.num_kv_heads, c.head_dim)
+    v = qkv[:, nq + nkv:].reshape(t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
       q = exact.rms_norm(q, self._w(attn.q_norm), c.norm_eps)
       k = exact.rms_norm(k, self._w(attn.k_norm), c.norm_eps)
@@ -148,7 +151,8 @@ class Transformer(nnx.Module):
     ffn = block.ffn
     h = exact.rms_norm(x, self._w(ffn.norm), c.norm_eps)
     if isinstance(ffn, MLP):
-      act = jax.nn.silu(self._dense(h, ffn.w_gate[...])) * self._dense(h, ffn.w_up[...])
+      gate_up = self._dense(h, jnp.concatenate([ffn.w_gate[...], ffn.w_up[...]], 1))
+      act = jax.nn.silu(gate_up[:, :c.d_ff]) * gate_up[:, c.d_ff:]
       return x + self._dense(act, ffn.w_down[...]), None, None, None
     # Router in fp32: a flipped expert choice is the costliest mismatch there is.
     probs = exact.softmax(self._dense(h, ffn.router[...], F32))

@@ -20,13 +20,13 @@ whole batch at once, and only two rules make it exact:
   block that covers its visible keys: each call reads the smallest of a few key-length
   buckets (`key_buckets`) that covers the furthest key it can see, picked on device.
 
-Element-wise maths is the same in every program, but XLA:CPU's reduction loops are not:
-their summation order follows how the reduction was fused and laid out, which differs
-between the sampler's and the trainer's programs. So every sum that feeds a log-prob (norms,
-softmax normalizers, top-p's cumulative mass) is a dot with a ones matrix (`row_sum`,
-`row_cumsum`), maxima stay reductions (exact in any order), products are rounded before
-they are added (`rounded`), and row-local stages run on at least `MIN_ROWS` rows
-(`pad_rows`).
+Element-wise maths is the same in every program once XLA may not emit fused multiply-adds
+(`xla_flags.PARITY_FLAGS`), but XLA:CPU's reduction loops are not: their summation order
+follows how the reduction was fused and laid out, which differs between the sampler's and
+the trainer's programs. So every sum that feeds a log-prob (norms, softmax normalizers,
+top-p's cumulative mass) is a fixed tree of element-wise additions (`row_sum`,
+`row_cumsum`), maxima stay reductions (exact in any order), and row-local stages run on
+at least `MIN_ROWS` rows (`pad_rows`).
 
 A backend-specific kernel (a Pallas fixed-tile matmul on GPU) can replace `dense` or
 `attention` here without touching the model.
@@ -45,6 +45,8 @@ MIN_ROWS = 8
 # Fewest output columns: with 8 columns Eigen re-blocks the contraction once the left
 # operand passes ~330 KB (measured at 256 x 320 rows and 128 x 656 rows); 16 never did.
 MIN_COLS = 16
+# Up to this many rows `dense` runs its chunks as one batched dot.
+BATCHED_CHUNK_ROWS = 512
 
 
 def map_row_tiles(fn: Callable[..., Any], rows: Any, tile: Optional[int]) -> Any:
@@ -69,12 +71,6 @@ def map_row_tiles(fn: Callable[..., Any], rows: Any, tile: Optional[int]) -> Any
 
   out = lax.map(fn, jax.tree.map(to_tiles, rows))
   return jax.tree.map(lambda y: y.reshape((num_tiles * tile,) + y.shape[2:])[:num_rows], out)
-
-
-def rounded(x: Any) -> Any:
-  """Products about to be added, behind an optimization barrier: LLVM may contract
-  a*b + c into a fused multiply-add in one program and not in another."""
-  return lax.optimization_barrier(x)
 
 
 def _padded(x: jax.Array, axis: int, size: int) -> jax.Array:
@@ -108,18 +104,22 @@ def dense(x: jax.Array, w: jax.Array, dtype, exact: bool = True) -> jax.Array:
     x = _padded(x, 0, MIN_ROWS)
   if cols < MIN_COLS:  # e.g. a router over a few experts
     w = _padded(w, 1, MIN_COLS)
-  out = None
-  for lo in range(0, width, CONTRACTION_CHUNK):  # fixed chunks, added in a fixed order
-    part = jnp.dot(x[:, lo:lo + CONTRACTION_CHUNK], w[lo:lo + CONTRACTION_CHUNK],
-                   preferred_element_type=F32)
-    out = part if out is None else out + part
+  chunks = -(-width // CONTRACTION_CHUNK)
+  if chunks > 1 and width % CONTRACTION_CHUNK == 0 and x.shape[0] <= BATCHED_CHUNK_ROWS:
+    # Few rows (decode): one dot with the chunks as a batch axis (one call instead of one
+    # per chunk; the same bits, measured); many rows: a dot per chunk (a [chunks, rows, N]
+    # intermediate would not stay in cache).
+    c = CONTRACTION_CHUNK
+    parts = jnp.einsum("mck,ckn->cmn", x.reshape(-1, chunks, c), w.reshape(chunks, c, -1),
+                       preferred_element_type=F32)
+    parts = [parts[i] for i in range(chunks)]
+  else:
+    parts = [jnp.dot(x[:, lo:lo + CONTRACTION_CHUNK], w[lo:lo + CONTRACTION_CHUNK],
+                     preferred_element_type=F32) for lo in range(0, width, CONTRACTION_CHUNK)]
+  out = parts[0]
+  for part in parts[1:]:  # added in a fixed order
+    out = out + part
   return out[:rows, :cols]
-
-
-def _ones(n: int) -> jax.Array:
-  """[n, MIN_COLS] ones that XLA cannot see are constant (it would turn a dot with them
-  back into a reduction)."""
-  return lax.optimization_barrier(jnp.ones((n, MIN_COLS), F32))
 
 
 def row_sum(x: jax.Array) -> jax.Array:
@@ -127,35 +127,30 @@ def row_sum(x: jax.Array) -> jax.Array:
 
   XLA:CPU's reduction loops sum in an order that depends on how the reduction was fused
   and laid out (measured: the same RMSNorm rows differed by 1 ulp between the sampler's
-  and the trainer's programs, even from a materialized input), so sums that feed a
-  log-prob are dots with a ones matrix instead, which `dense` makes row-invariant: chunks
-  of CONTRACTION_CHUNK, then the chunk totals summed the same way.
+  and the trainer's programs, even from a materialized input). Element-wise additions are
+  never reordered, so the sum is a fixed tree of them: the axis is zero-padded to a power
+  of two and folded in halves (pairwise summation), all in one fused loop.
   """
-  lead, n = x.shape[:-1], x.shape[-1]
-  x = x.reshape(-1, n).astype(F32)
-  while n > CONTRACTION_CHUNK:
-    chunks = -(-n // CONTRACTION_CHUNK)
-    x = _padded(x, 1, chunks * CONTRACTION_CHUNK)  # zeros add nothing
-    x = dense(x.reshape(-1, CONTRACTION_CHUNK), _ones(CONTRACTION_CHUNK), F32)[:, 0]
-    x, n = x.reshape(-1, chunks), chunks
-  return dense(x, _ones(n), F32)[:, 0].reshape(lead)
+  x = x.astype(F32)
+  n = x.shape[-1]
+  width = 1 << max(n - 1, 0).bit_length()
+  if width > n:
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])  # zeros add nothing
+  while width > 1:
+    width //= 2
+    x = x[..., :width] + x[..., width:]
+  return x[..., 0]
 
 
 def row_cumsum(x: jax.Array) -> jax.Array:
-  """Inclusive cumulative sum over the last axis of fp32 `x` [R, n], as dots (see
-  `row_sum`): within blocks of CONTRACTION_CHUNK by a triangular matrix, plus the sum of
-  the blocks before."""
-  rows, n = x.shape
-  size = min(n, CONTRACTION_CHUNK)
-  blocks = -(-n // size)
-  x = _padded(x.astype(F32), 1, blocks * size) if blocks * size > n else x.astype(F32)
-  tri = lax.optimization_barrier(jnp.triu(jnp.ones((size, size), F32)))
-  within = dense(x.reshape(rows * blocks, size), tri, F32).reshape(rows, blocks, size)
-  if blocks > 1:
-    totals = row_sum(x.reshape(rows, blocks, size))  # [rows, blocks]
-    before = lax.optimization_barrier(jnp.triu(jnp.ones((blocks, blocks), F32), 1))
-    within = within + dense(totals, before, F32)[:, :, None]
-  return within.reshape(rows, blocks * size)[:, :n]
+  """Inclusive cumulative sum over the last axis of fp32 `x` [..., n], in a fixed order (see
+  `row_sum`): log2(n) rounds of adding the array shifted by 1, 2, 4, ... places."""
+  x = x.astype(F32)
+  n, shift = x.shape[-1], 1
+  while shift < n:
+    x = x + jnp.pad(x[..., :n - shift], [(0, 0)] * (x.ndim - 1) + [(shift, 0)])
+    shift *= 2
+  return x
 
 
 def log_softmax(x: jax.Array) -> jax.Array:
@@ -185,8 +180,7 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
   x = x.astype(F32)
   x1, x2 = x[..., :half], x[..., half:]
-  a, b, c, d = rounded((x1 * cos, x2 * sin, x2 * cos, x1 * sin))
-  return jnp.concatenate([a - b, c + d], axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def key_buckets(length: int, key_block: int) -> Sequence[int]:

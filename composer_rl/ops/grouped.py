@@ -66,10 +66,7 @@ def grouped_swiglu(x: jax.Array, expert_ids: jax.Array, gates: jax.Array, w_gate
   tiles = (x_buf.reshape(num_tiles, tile, -1), tile_expert)
   y_buf = lax.map(expert_tile, tiles) if exact_numerics else jax.vmap(expert_tile)(tiles)
   y = y_buf.reshape(buf_rows, -1)[dest].reshape(n, k, -1)
-  # The products are rounded before they are added (a barrier, so no fused multiply-add
-  # forms in some programs and not in others), then added in a fixed order.
-  terms = exact.rounded(gates[:, :, None] * y)
-  out = terms[:, 0]
-  for j in range(1, k):
-    out = out + terms[:, j]
+  out = gates[:, 0, None] * y[:, 0]
+  for j in range(1, k):  # fixed combine order
+    out = out + gates[:, j, None] * y[:, j]
   return out

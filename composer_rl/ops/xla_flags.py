@@ -21,6 +21,11 @@ import warnings
 PARITY_FLAGS = {
     "--xla_cpu_experimental_ynn_fusion_type=-reduce,-individual_dot":
         "YNNPACK picks reduction/dot kernels by size, so a row's bits depend on batch shape",
+    "--xla_cpu_max_isa=AVX":
+        "no fused multiply-add in XLA-generated code: LLVM contracts a*b + c into an FMA "
+        "where the fusion allows it, so the same expression (RoPE's sin/cos polynomials, a "
+        "sum of squares) came out with other bits in another program (measured: eager vs "
+        "jit, sampler vs trainer); Eigen's matmuls are not affected",
 }
 
 # Flag -> reason for the GPU deterministic route. Every name is checked to parse in this

@@ -3,9 +3,12 @@
 One reference generation (all prompts in one batch, whole-prompt prefill, one device) is
 compared with every *case*, each a different way of producing the same numbers:
 
-* sampler cases: batch sizes (1 .. many), shuffled slots, chunked prefill, other prompt
-  padding buckets, and (with >= 2 devices) the batch sharded over a device mesh. The same
-  sequence must sample the same tokens with the same log-prob bits and the same experts.
+* sampler cases, all through the continuous-batching `Engine` (`Sampler` is a few lines
+  over it): fewer slots than prompts (sessions wait, take freed slots, decode beside
+  others), shuffled order, chunked prefill, other prompt padding, a prompt prefilled in
+  two parts onto the saved prefix, the bf16 inference copy of the weights, and (with >= 2
+  devices) the engine on a device mesh. The same sequence must sample the same tokens with
+  the same log-prob bits and the same experts.
 * trainer cases: `score_tokens` on the finished sequences (decode vs full forward) in a
   forward-only program and inside `jax.value_and_grad`, with other batch groupings and
   paddings, on one device and sharded.
@@ -24,7 +27,7 @@ from flax import nnx
 
 from composer_rl.model import sharding
 from composer_rl.model.config import ModelConfig
-from composer_rl.model.transformer import Transformer
+from composer_rl.model.transformer import Transformer, inference_copy
 from composer_rl.sampling.sampler import Sample, Sampler, SamplingConfig
 from composer_rl.train.scoring import score_tokens
 
@@ -126,14 +129,17 @@ class ParityRunner:
     self.rng = rng
 
   # ---- sampler side -------------------------------------------------------------------
-  def _sample(self, order, batch_size, chunk, bucket, mesh=None) -> List[Sample]:
-    sampler = Sampler(self.model, prefill_chunk=chunk, prompt_bucket=bucket, mesh=mesh)
-    out: Dict[int, Sample] = {}
-    for start in range(0, len(order), batch_size):
-      idx = order[start:start + batch_size]
-      got = sampler.generate([self.prompts[i] for i in idx], [self.seq_ids[i] for i in idx],
-                             self.sampling)
-      out.update(zip(idx, got))
+  def _sample(self, order, slots, chunk, bucket, mesh=None, prefix_split=0,
+              state=None) -> List[Sample]:
+    """Every prompt through one Engine with `slots` slots, in `order`: sessions beyond the
+    slots wait and take the slot a finished one frees."""
+    sampler = Sampler(self.model, prefill_chunk=chunk, prompt_bucket=bucket, mesh=mesh,
+                      slots=slots, prefix_split=prefix_split)
+    if state is not None:
+      sampler.update_state(state)
+    got = sampler.generate([self.prompts[i] for i in order], [self.seq_ids[i] for i in order],
+                           self.sampling)
+    out: Dict[int, Sample] = dict(zip(order, got))
     return [out[i] for i in range(len(self.prompts))]
 
   # ---- trainer side -------------------------------------------------------------------
@@ -192,8 +198,16 @@ class ParityRunner:
         for bucket in self.prompt_buckets:
           order = [int(i) for i in self.rng.permutation(len(everyone))]
           got = self._sample(order, bs, chunk, bucket)
-          tally.merge_case(f"sampler/batch={bs}/chunk={chunk}/bucket={bucket}/shuffled",
+          tally.merge_case(f"sampler/slots={bs}/chunk={chunk}/bucket={bucket}/shuffled",
                            _compare_samples(ref, got))
+    order = [int(i) for i in self.rng.permutation(len(everyone))]
+    split = max(1, min(len(p) for p in self.prompts) // 2)
+    got = self._sample(order, max(1, len(everyone) // 2), None, 16, prefix_split=split)
+    tally.merge_case(f"sampler/saved_prefix={split}", _compare_samples(ref, got))
+    if self.config.compute_dtype != self.config.param_dtype:
+      got = self._sample(order, len(everyone), None, 16,
+                         state=inference_copy(self.state, self.config))
+      tally.merge_case("sampler/inference_copy", _compare_samples(ref, got))
     for bs in self.train_batch_sizes:
       for with_grad in (False, True):
         order = [int(i) for i in self.rng.permutation(len(everyone))]

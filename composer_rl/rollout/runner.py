@@ -73,7 +73,7 @@ class RolloutConfig:
   top_p: float = 1.0
   seed: int = 0
   tool_workers: int = 4
-  decode_steps: int = 1
+  decode_steps: int = 8
   compaction: compaction_lib.CompactionConfig = compaction_lib.CompactionConfig()
   summary_judge: SummaryJudgeConfig = SummaryJudgeConfig()
 
@@ -142,24 +142,33 @@ class RolloutRunner:
     return Request(seq_id=s.traj.session_id, seed=seed, temperature=c.temperature,
                    top_k=c.top_k, top_p=c.top_p)
 
-  def _admit(self, s: LiveSession, slot: int, state):
-    """Prefills the session's uncached tokens, samples its next token, occupies `slot`."""
-    if s.saved is not None and s.saved_version != self.version:
-      s.saved = None  # never extend a cache computed under other weights
-    cached = int(s.saved.length) if s.saved is not None else 0
-    # The cache holds the current context only (positions from 0 at `context_start`).
-    new = s.traj.tokens[s.context_start + cached:]
+  def _admit(self, sessions: List[LiveSession], free: List[int], state):
+    """Prefills the sessions' uncached tokens in one batch, samples each one's next token,
+    and puts every session whose turn goes on into the next free slot; returns the state
+    and the sessions placed (their slots) and those whose first token ended the turn."""
+    items = []
+    for s in sessions:
+      if s.saved is not None and s.saved_version != self.version:
+        s.saved = None  # never extend a cache computed under other weights
+      cached = int(s.saved.length) if s.saved is not None else 0
+      # The cache holds the current context only (positions from 0 at `context_start`).
+      items.append((s.traj.tokens[s.context_start + cached:], self._request(s), s.saved))
     t0 = time.perf_counter()
-    prefix = self.engine.prefill(params=self.params, padded_tokens=new, request=self._request(s),
-                                 existing_prefix=s.saved)
+    prefixes = self.engine.prefill_many(params=self.params, items=items)
     self.stats["prefill_seconds"] += time.perf_counter() - t0
-    self.stats["prefill_tokens"] += len(new)
-    s.saved, s.saved_version = None, self.version
-    self._record(s, int(prefix.token), float(prefix.logprob))
-    if self._turn_over(s):
-      s.saved = prefix
-      return state
-    return self.engine.insert(prefix, state, slot)
+    self.stats["prefill_tokens"] += sum(len(t) for t, _, _ in items)
+    placed, ended = [], []
+    for s, prefix in zip(sessions, prefixes):
+      s.saved, s.saved_version = None, self.version
+      self._record(s, int(prefix.token), float(prefix.logprob))
+      if self._turn_over(s):
+        s.saved = prefix
+        ended.append(s)
+      else:
+        slot = free.pop(0)
+        state = self.engine.insert(prefix, state, slot)
+        placed.append((slot, s))
+    return state, placed, ended
 
   def _record(self, s: LiveSession, token: int, logprob: float) -> None:
     s.append(token, sampled=True, logprob=logprob, version=self.version)
@@ -274,14 +283,14 @@ class RolloutRunner:
             break
           ready.append(self._start(job))
           in_flight += 1
-        for i in range(len(slots)):  # admit ready sessions into free slots
-          while slots[i] is None and ready:
-            s = ready.pop(0)
-            state = self._admit(s, i, state)
-            if s.saved is None:
-              slots[i] = s
-            else:  # its first sampled token already ended the turn
-              self._finish_turn(s, pool, tools, ready, grading)
+        free = [i for i, s in enumerate(slots) if s is None]
+        while free and ready:  # admit ready sessions into free slots, a batch at a time
+          batch = [ready.pop(0) for _ in range(min(len(free), len(ready)))]
+          state, placed, ended = self._admit(batch, free, state)
+          for i, s in placed:
+            slots[i] = s
+          for s in ended:  # its first sampled token already ended the turn
+            self._finish_turn(s, pool, tools, ready, grading)
         if any(s is not None for s in slots):
           t0 = time.perf_counter()
           state, toks, lps, live = self._decode(state, slots)

@@ -20,7 +20,7 @@ is our addition for tool waits. `composer_rl.serving.jetstream_adapter` wraps th
 for JetStream's orchestrator when that optional extra is installed.
 """
 import dataclasses
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import flax.struct
 import jax
@@ -117,11 +117,12 @@ class Engine:
     self.graphdef, self.params = nnx.split(model)
     self.slots = slots
     self.prefill_chunk = prefill_chunk
-    self._prefill_chunk_fn = jax.jit(self._prefill_chunk_impl)
+    self._prefill_chunk_fn = jax.jit(self._prefill_chunk_impl, donate_argnums=(1,))
+    self._put_row_fn = jax.jit(self._put_row_impl, donate_argnums=(0,))
     self._generate_fn = jax.jit(self._generate_impl, donate_argnums=(1,))
     self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._release_fn = jax.jit(self._release_impl)
-    self._sample_fn = jax.jit(self._sample_impl)
+    self._sample_fn = jax.jit(self._sample_impl, static_argnums=(8,))
     self._generate_many_fn = jax.jit(self._generate_many_impl, donate_argnums=(1,),
                                      static_argnums=(4,))
 
@@ -152,35 +153,55 @@ class Engine:
   def prefill(self, *, params, padded_tokens: Sequence[int], true_length: Optional[int] = None,
               request: Request, existing_prefix: Optional[Prefix] = None) -> Prefix:
     """Feeds `padded_tokens[:true_length]` after `existing_prefix` (or from an empty cache)
-    and samples the next token."""
+    and samples the next token (`prefill_many` with one session)."""
     tokens = np.asarray(padded_tokens, np.int32)
     n = len(tokens) if true_length is None else int(true_length)
-    start = 0 if existing_prefix is None else int(existing_prefix.length)
-    if n < 1:
-      raise ValueError("prefill needs at least one new token")
-    if start + n >= self.config.max_seq_len:
-      raise ValueError(f"session would hold {start + n} tokens; max_seq_len is "
-                       f"{self.config.max_seq_len} (compact or end the session)")
+    return self.prefill_many(params=params, items=[(tokens[:n], request, existing_prefix)])[0]
+
+  def prefill_many(self, *, params, items: Sequence[Tuple[Sequence[int], Request,
+                                                          Optional[Prefix]]]) -> List[Prefix]:
+    """Prefills several sessions in one batch: each item is (new tokens, request, the
+    session's saved prefix or None). Returns one Prefix per item. The batch is padded to a
+    power of two (rows that feed nothing) and the tokens to a multiple of `prefill_chunk`,
+    so a few compiled programs serve every mix; a session's bits do not depend on the
+    others (`composer_rl.ops.exact`)."""
+    n = len(items)
+    if n == 0:
+      return []
+    lens = np.array([len(t) for t, _, _ in items], np.int32)
+    starts = np.array([0 if p is None else int(p.length) for _, _, p in items], np.int32)
+    for length, start in zip(lens, starts):
+      if length < 1:
+        raise ValueError("prefill needs at least one new token")
+      if start + length >= self.config.max_seq_len:
+        raise ValueError(f"session would hold {start + length} tokens; max_seq_len is "
+                         f"{self.config.max_seq_len} (compact or end the session)")
+    rows = 1 << (n - 1).bit_length()
     c = self.prefill_chunk
-    padded = np.zeros(-(-n // c) * c, np.int32)
-    padded[:n] = tokens[:n]
-    cache = (self.place(KVCache.init(self.config, 1)) if existing_prefix is None
-             else existing_prefix.cache)
-    ids, last = [], None
-    for off in range(0, len(padded), c):
-      valid = min(c, n - off)
-      cache, hidden, chunk_ids = self._prefill_chunk_fn(
-          params, cache, jnp.asarray(padded[None, off:off + c]), jnp.int32(start + off),
-          jnp.int32(valid))
-      ids.append(chunk_ids[:valid])
-      last = hidden
-    rows = request.rows()
-    head = self._sample_fn(params, last, jnp.int32(start + n), jnp.int32(request.seq_id),
-                           jnp.uint32(request.seed), rows)
-    return Prefix(cache=cache, length=jnp.int32(start + n), token=head.tokens[0],
-                  logprob=head.logprobs[0], top_ids=head.top_ids[0],
-                  top_logprobs=head.top_logprobs[0], seq_id=jnp.int32(request.seq_id), seed=jnp.uint32(request.seed),
-                  sampling=rows, expert_ids=jnp.concatenate(ids))
+    width = -(-int(lens.max()) // c) * c
+    tokens = np.zeros((rows, width), np.int32)
+    for i, (t, _, _) in enumerate(items):
+      tokens[i, :lens[i]] = np.asarray(t, np.int32)[:lens[i]]
+    lens = np.pad(lens, (0, rows - n))
+    starts = np.pad(starts, (0, rows - n))
+    cache = self.place(KVCache.init(self.config, rows))
+    for i, (_, _, prefix) in enumerate(items):
+      if prefix is not None:
+        cache = self._put_row_fn(cache, prefix.cache, jnp.int32(i))
+    last = jnp.zeros((rows, self.config.d_model), jnp.float32)
+    ids = []
+    for off in range(0, width, c):
+      cache, last, chunk_ids = self._prefill_chunk_fn(
+          params, cache, last, jnp.asarray(tokens[:, off:off + c]), jnp.asarray(starts + off),
+          jnp.asarray(np.clip(lens - off, 0, c)))
+      ids.append(chunk_ids)
+    reqs = [r for _, r, _ in items] + [items[0][1]] * (rows - n)
+    sampling = jax.tree.map(lambda *a: jnp.concatenate(a), *[r.rows() for r in reqs])
+    out = self._sample_fn(params, cache, last, jnp.asarray(starts + lens),
+                          jnp.asarray([r.seq_id for r in reqs], jnp.int32),
+                          jnp.asarray([r.seed for r in reqs], jnp.uint32), sampling,
+                          jnp.concatenate(ids, axis=1), n)
+    return [p.replace(expert_ids=p.expert_ids[:lens[i]]) for i, p in enumerate(out)]
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     if not 0 <= slot < self.slots:
@@ -191,15 +212,15 @@ class Engine:
     """One decode step for every slot; returns (new state, StepResult)."""
     return self._generate_fn(params, decode_state)
 
-  def generate_many(self, params, decode_state: DecodeState, budgets, stop_token: int,
+  def generate_many(self, params, decode_state: DecodeState, budgets, stop_token,
                     steps: int):
     """Up to `steps` decode steps in one call (one dispatch, one host sync). A slot stops,
-    and is left inactive, once it samples `stop_token` or has sampled `budgets[slot]`
-    tokens. Returns (new state, StepResult with a leading [steps] axis; `active` marks the
+    and is left inactive, once it samples a stop token (`stop_token`: one id or a sequence
+    of ids; -1 = none) or has sampled `budgets[slot]` tokens. Returns (new state, StepResult with a leading [steps] axis; `active` marks the
     tokens that count). Each step is the computation of `generate`, so the tokens and
     log-probs are the ones `steps` calls of `generate` would give."""
     return self._generate_many_fn(params, decode_state, jnp.asarray(budgets, jnp.int32),
-                                  jnp.int32(stop_token), steps)
+                                  jnp.atleast_1d(jnp.asarray(stop_token, jnp.int32)), steps)
 
   def release(self, decode_state: DecodeState, slot: int) -> Prefix:
     """Copies a slot's session out (its cache and pending token) so the slot can be reused;
@@ -210,20 +231,35 @@ class Engine:
     return decode_state.replace(active=decode_state.active.at[slot].set(False))
 
   # ---- jitted implementations ----------------------------------------------------------
-  def _prefill_chunk_impl(self, params, cache, tokens, start, valid):
+  def _prefill_chunk_impl(self, params, cache, last, tokens, start, valid):
+    """One chunk for every row: row r feeds tokens[r, :valid[r]] at slots start[r].. and
+    keeps the hidden state of its last fed token in `last`."""
     model = nnx.merge(self.graphdef, params)
     c = tokens.shape[1]
-    segs = (jnp.arange(c)[None] < valid).astype(jnp.int32)
-    pos = start + jnp.arange(c, dtype=jnp.int32)[None]
-    out = model.forward(tokens, pos, cache, start[None], segs)
-    hidden = jax.lax.dynamic_index_in_dim(out.hidden[0], valid - 1, 0, keepdims=True)
-    return out.cache, hidden, out.expert_ids[0]
+    segs = (jnp.arange(c)[None] < valid[:, None]).astype(jnp.int32)
+    pos = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None]
+    out = model.forward(tokens, pos, cache, start, segs)
+    at = jnp.take_along_axis(out.hidden, jnp.maximum(valid - 1, 0)[:, None, None], 1)[:, 0]
+    return out.cache, jnp.where((valid > 0)[:, None], at, last), out.expert_ids
 
-  def _sample_impl(self, params, hidden, position, seq_id, seed, rows):
+  def _put_row_impl(self, cache, row_cache, i):
+    return jax.tree.map(
+        lambda full, one: jax.lax.dynamic_update_index_in_dim(full, one[0], i, 0), cache,
+        row_cache)
+
+  def _sample_impl(self, params, cache, last, length, seq_id, seed, rows, expert_ids, n):
+    """Samples every row's next token and splits the batch into `n` Prefix objects."""
     model = nnx.merge(self.graphdef, params)
-    keys = head_lib.token_keys(seed, seq_id[None], position[None])
-    return head_lib.token_head(model.logits, hidden, keys, jnp.full((1,), -1), rows,
-                               top=self.top_logprobs)
+    keys = jax.vmap(lambda s, q, p: head_lib.token_keys(s, q[None], p[None])[0])(
+        seed, seq_id, length)
+    head = head_lib.token_head(model.logits, last, keys, jnp.full(seq_id.shape, -1), rows,
+                               top=self.top_logprobs, with_entropy=False)
+    take = lambda x, i: jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=True)
+    return tuple(Prefix(cache=jax.tree.map(lambda x: take(x, i), cache), length=length[i],
+                        token=head.tokens[i], logprob=head.logprobs[i], top_ids=head.top_ids[i],
+                        top_logprobs=head.top_logprobs[i], seq_id=seq_id[i], seed=seed[i],
+                        sampling=jax.tree.map(lambda x: take(x, i), rows),
+                        expert_ids=expert_ids[i]) for i in range(n))
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
     def put(full, one):
@@ -253,7 +289,7 @@ class Engine:
       st, left = carry
       st, out = self._generate_impl(params, st)
       left = left - out.active.astype(jnp.int32)
-      done = out.active & ((out.tokens == stop_token) | (left <= 0))
+      done = out.active & (jnp.isin(out.tokens, stop_token) | (left <= 0))
       return (st.replace(active=st.active & ~done), left), out
     (state, _), outs = jax.lax.scan(body, (state, budgets), None, length=steps)
     return state, outs
@@ -267,7 +303,7 @@ class Engine:
         state.seeds, state.seq_ids, slot_pos + 1)
     nxt = head_lib.token_head(model.logits, out.hidden[:, 0], keys,
                               jnp.full((self.slots,), -1), state.sampling,
-                              top=self.top_logprobs)
+                              top=self.top_logprobs, with_entropy=False)
     live = state.active
     new_state = state.replace(cache=out.cache, lengths=jnp.where(live, slot_pos + 1, slot_pos),
                               last_token=jnp.where(live, nxt.tokens, state.last_token))

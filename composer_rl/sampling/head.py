@@ -48,8 +48,8 @@ class RowSampling:
                top_k=jnp.full((rows,), top_k, jnp.int32), top_p=jnp.full((rows,), top_p, F32))
 
 
-def transformed_logprobs(logits: jax.Array, s: RowSampling) -> jax.Array:
-  """[T, V] fp32 logits -> log-probs of the transformed distribution ([T, V], -inf = cut).
+def masked_logits(logits: jax.Array, s: RowSampling) -> jax.Array:
+  """[T, V] fp32 logits -> tempered logits on the kept support, -inf outside it.
 
   The kept support is {z >= threshold}. The threshold is the k-th largest value (top-k)
   or the value of the last token of the nucleus (top-p), found by sorting the vocabulary;
@@ -77,7 +77,12 @@ def transformed_logprobs(logits: jax.Array, s: RowSampling) -> jax.Array:
 
   needs_sort = jnp.any((s.top_k > 1) | (s.top_p < 1.0))
   threshold = lax.stop_gradient(lax.cond(needs_sort, sorted_threshold, simple_threshold))
-  return exact.log_softmax(jnp.where(z >= threshold, z, -jnp.inf))
+  return jnp.where(z >= threshold, z, -jnp.inf)
+
+
+def transformed_logprobs(logits: jax.Array, s: RowSampling) -> jax.Array:
+  """[T, V] fp32 logits -> log-probs of the transformed distribution ([T, V], -inf = cut)."""
+  return exact.log_softmax(masked_logits(logits, s))
 
 
 class HeadOutput(NamedTuple):
@@ -90,45 +95,52 @@ class HeadOutput(NamedTuple):
   top_logprobs: jax.Array
 
 
-def _head(logits_fn, top, args):
+def _head(logits_fn, top, with_entropy, args):
   hidden, keys, targets, samp = args
-  lp = transformed_logprobs(logits_fn(hidden), samp)
+  z = masked_logits(logits_fn(hidden), samp)
+  peak = jnp.max(z, axis=-1, keepdims=True)
+  shifted = z - jnp.where(jnp.isfinite(peak), peak, 0.0)
+  lse = jnp.log(exact.row_sum(jnp.exp(shifted)))  # log_softmax = shifted - lse
   # Gumbel-max sampling. Noise is drawn only when some row samples from more than one
   # token; greedy rows (top_k = 1) and scored rows (targets >= 0) take none, so a row's
   # token never depends on whether its neighbours drew noise.
   noisy = (targets < 0) & (samp.top_k != 1)
 
-  def gumbel():
-    g = jax.vmap(lambda k: jax.random.gumbel(jax.random.wrap_key_data(k), lp.shape[-1:], F32)
+  def with_noise():
+    g = jax.vmap(lambda k: jax.random.gumbel(jax.random.wrap_key_data(k), z.shape[-1:], F32)
                  )(keys)
-    return jnp.where(noisy[:, None], g, 0.0)
+    return jnp.argmax(shifted + jnp.where(noisy[:, None], g, 0.0), axis=-1)
 
-  noise = lax.cond(jnp.any(noisy), gumbel, lambda: jnp.zeros_like(lp))
-  sampled = jnp.argmax(lp + noise, axis=-1).astype(jnp.int32)
-  tokens = jnp.where(targets >= 0, targets, sampled)
-  logprob = jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
-  p = jnp.exp(lp)
-  entropy = -jnp.sum(jnp.where(p > 0, p * lp, 0.0), axis=-1)
-  if top:
-    top_lp, top_ids = lax.top_k(lp, top)
-  else:
-    top_lp, top_ids = jnp.zeros(lp.shape[:1] + (0,), F32), jnp.zeros(lp.shape[:1] + (0,),
-                                                                      jnp.int32)
+  sampled = lax.cond(jnp.any(noisy), with_noise, lambda: jnp.argmax(shifted, axis=-1))
+  tokens = jnp.where(targets >= 0, targets, sampled.astype(jnp.int32))
+  # The token's log-prob, the same arithmetic as element `tokens` of the full log-softmax.
+  logprob = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0] - lse
+  zeros = jnp.zeros(z.shape[:1], F32)
+  entropy, top_lp, top_ids = zeros, zeros[:, None][:, :0], jnp.zeros(z.shape[:1] + (0,), jnp.int32)
+  if with_entropy or top:
+    lp = shifted - lse[:, None]
+    if with_entropy:
+      p = jnp.exp(lp)
+      entropy = -jnp.sum(jnp.where(p > 0, p * lp, 0.0), axis=-1)
+    if top:
+      top_lp, top_ids = lax.top_k(lp, top)
   return HeadOutput(tokens, logprob, entropy, top_ids.astype(jnp.int32), top_lp)
 
 
 def token_head(logits_fn, hidden: jax.Array, keys: jax.Array, targets: jax.Array,
-               sampling: RowSampling, tile: Optional[int] = None, top: int = 0) -> HeadOutput:
+               sampling: RowSampling, tile: Optional[int] = None, top: int = 0,
+               with_entropy: bool = True) -> HeadOutput:
   """Runs the head on rows: hidden [R, d], keys [R, 2] uint32, targets [R] (-1 = sample).
 
   `logits_fn` maps [T, d] hidden states to [T, V] fp32 logits (`Transformer.logits`).
   `tile` bounds memory (rows per call of the head; a row's bits do not depend on it).
   `top` > 0 also returns each row's `top` most likely tokens and their log-probs (read off
-  the same log-probs the token's own comes from).
+  the same log-probs the token's own comes from). `with_entropy=False` skips the entropy
+  (zeros): a sampler needs only the token and its log-prob.
   """
   num_rows = hidden.shape[0]
   rows = exact.pad_rows((hidden, keys, targets.astype(jnp.int32), sampling))
-  out = exact.map_row_tiles(lambda a: _head(logits_fn, top, a), rows, tile)
+  out = exact.map_row_tiles(lambda a: _head(logits_fn, top, with_entropy, a), rows, tile)
   return jax.tree.map(lambda x: x[:num_rows], out)
 
 

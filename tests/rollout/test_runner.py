@@ -135,7 +135,8 @@ def test_weight_update_mid_run_reprefills_and_stays_exact(setup):
   eng = Engine(model, slots=3, prefill_chunk=16)
   graphdef, p0 = nnx.split(model)
   p1 = jax.tree.map(lambda x: x * 1.01, p0)
-  cfg = RolloutConfig(max_turns=3, max_turn_tokens=5, seed=2)
+  # One decode step per call, so sessions are mid-turn in their slots when weights change.
+  cfg = RolloutConfig(max_turns=3, max_turn_tokens=5, seed=2, decode_steps=1)
   runner = RolloutRunner(eng, ChatFormat(tok), cfg, p0, version=0)
   jobs = iter([(f"t{i}", i, CountingEnv(delay=0.02)) for i in range(6)])
   started = []
