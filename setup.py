@@ -35,6 +35,10 @@ setuptools.setup(
         # selenium drives Debian's headless Chromium in the viewer tests (.ci/run installs it)
         "test": ["pytest>=8", "pytest-xdist>=3.5", "selenium>=4.20"],
         "jetstream": ["google-jetstream==0.2.2"],
+        # The peer benchmark (composer_rl.bench.peer) measures tunix's sampler when it is
+        # importable; install with --no-deps as composer_rl/bench/peer_tunix.py says (its own
+        # requirements would downgrade the hf extra). Never in CI.
+        "peer": ["google-tunix==0.1.7"],
         # Hugging Face Qwen3 import/export is numpy-only; these run its reference tests
         # (transformers on PyTorch CPU) and load real tokenizers (composer_rl.data.hf_tokenizer).
         "hf": ["torch==2.13.0", "transformers>=5,<6", "safetensors>=0.4", "tokenizers>=0.21"],

@@ -1,12 +1,12 @@
-"""Attention block sweep for an agent-RL experiment's model: what the query block
-(`attention_query_block`; decode pads its one query to it) and the key block
-(`attention_key_block`; key blocks past what a call can see are skipped) cost decode,
-prefill and the train step. Prints one JSON object; ratios are against the first pair.
+"""Attention key-block sweep for an agent-RL experiment's model: what the key block
+(`attention_key_block`; a call reads only the key blocks up to the furthest key it can see)
+costs decode, prefill and the train step. Prints one JSON object; ratios are against the
+first entry.
 
-  python -m composer_rl.bench.attention_blocks --blocks=16:0,4:0,4:64,4:128
+  python -m composer_rl.bench.attention_blocks --blocks=0,32,64,128,0:inexact
 
-Each pair is query_block:key_block (0 = the whole cache in one block); a third field
-`inexact` (e.g. 4:0:inexact) runs the non-exact fast mode, the floor exactness is paid over. The experiment's
+Each entry is a key block (0 = the model's default); a second field `inexact`
+(e.g. 0:inexact) runs the non-exact fast mode, the floor exactness is paid over. The experiment's
 model (default experiments/tiny_bugfix.py), its decode slots holding sessions of spread
 lengths (like a running rollout factory), and its RL batch (groups_per_step x group_size
 rows of max_seq_len tokens, 450 of them real).
@@ -33,8 +33,8 @@ from composer_rl.train.train_step import TrainConfig, make_train_step
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "..", "experiments",
                            "tiny_bugfix.py"), "the experiment")
-_BLOCKS = flags.DEFINE_string("blocks", "16:0,4:0,4:64,4:128",
-                              "query_block:key_block pairs, comma separated")
+_BLOCKS = flags.DEFINE_string("blocks", "0,32,64,128,0:inexact",
+                              "key blocks (optionally :inexact), comma separated")
 
 
 def _measure(cfg: ModelConfig, slots: int, rows: int) -> dict:
@@ -87,7 +87,7 @@ def main(argv):
   rows = c.rl.groups_per_step * c.rl.group_size
   out = {"slots": c.rl.slots, "train_rows": rows, "blocks": {}}
   for pair in _BLOCKS.value.split(","):
-    qb, kb, *mode = pair.split(":")  # a third field 'inexact': the non-exact fast mode
+    kb, *mode = pair.split(":")  # a second field 'inexact': the non-exact fast mode
     cfg = ModelConfig(**{**dict(c.model), "exact_numerics": mode != ["inexact"],
                          "attention_key_block": int(kb)}, vocab_size=ByteTokenizer().vocab_size)
     out["blocks"][pair] = _measure(cfg, c.rl.slots, rows)

@@ -33,9 +33,7 @@ _NEW = flags.DEFINE_integer("new_tokens", 32, "Decode steps timed per measuremen
 _TRAIN_BATCH = flags.DEFINE_integer("train_batch", 8, "Sequences per train step.")
 _TRAIN_LEN = flags.DEFINE_integer("train_len", 128, "Tokens per training sequence.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (best is reported).")
-_TILE = flags.DEFINE_integer("row_tile", None, "Override the preset's row tile.")
-_QBLOCK = flags.DEFINE_integer("attention_query_block", None,
-                               "Override the preset's attention query block.")
+_TILE = flags.DEFINE_integer("row_tile", None, "Override the preset's MoE row tile.")
 _PARITY_PROMPTS = flags.DEFINE_integer(
     "parity_prompts", 8, "Prompts of the parity mismatch check (each generated at batch 1, "
     "so this bounds its time: the CPU dry run of launch/device_check.py uses 2).")
@@ -66,7 +64,7 @@ def _engine_numbers(cfg, batch, prompt_len, new_tokens, repeats):
 
   def sample(m, hidden, pos):
     keys = head_lib.token_keys(0, jnp.arange(batch), pos)
-    return head_lib.token_head(m.logits, hidden, keys, jnp.full((batch,), -1), rows, cfg.tile)
+    return head_lib.token_head(m.logits, hidden, keys, jnp.full((batch,), -1), rows)
 
   @jax.jit
   def decode(state, hidden, cache):
@@ -144,11 +142,9 @@ def main(argv):
                                                         _TRAIN_LEN.value))
   if _TILE.value:
     exact_cfg = exact_cfg.replace(row_tile=_TILE.value)
-  if _QBLOCK.value:
-    exact_cfg = exact_cfg.replace(attention_query_block=_QBLOCK.value)
   fast_cfg = exact_cfg.replace(exact_numerics=False)
   result = dict(preset=_PRESET.value, row_tile=exact_cfg.row_tile,
-                attention_query_block=exact_cfg.attention_query_block,
+                attention_key_block=exact_cfg.key_block,
                 backend=jax.default_backend(),
                 devices=jax.device_count(), prompt_len=_PROMPT.value, new_tokens=_NEW.value,
                 sampler={})

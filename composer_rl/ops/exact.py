@@ -45,6 +45,10 @@ MIN_ROWS = 8
 # Fewest output columns: with 8 columns Eigen re-blocks the contraction once the left
 # operand passes ~330 KB (measured at 256 x 320 rows and 128 x 656 rows); 16 never did.
 MIN_COLS = 16
+# Fewest query rows of an attention dot ([rows, <=128] x [<=128, <=128]): one row is a
+# matrix-vector kernel; 2..8 rows gave the 16-row bits for 16..128 keys/channels, 1 and 8
+# devices (measured).
+ATTENTION_MIN_ROWS = 2
 # Up to this many rows `dense` runs its chunks as one batched dot.
 BATCHED_CHUNK_ROWS = 512
 
@@ -197,30 +201,36 @@ def _attend(q, k, v, key_segments, query_slots, query_segments, key_block: int):
   """Attention of q [B, G, M, D] (M = query rows, query-major) over the first n keys.
 
   k, v: [B, G, n, D]; key_segments [B, n]; query_slots/segments [B, M] per query row.
-  key_block=0: one softmax over all n keys in one dot (the inexact fast mode).
+  key_block > 0: every dot is one (sequence, kv head, key block): [M, D] x [D, key_block]
+  scores and [M, key_block] x [key_block, D] values, the blocks a batch axis (a query
+  block is never merged with others into one wide dot). key_block=0: one softmax over all
+  n keys in one dot (the inexact fast mode).
   """
+  b, g, m, d = q.shape
   n = k.shape[2]
-  scores = jnp.einsum("bgmd,bgnd->bgmn", q, k, preferred_element_type=F32)
-  key_ids = jnp.arange(n, dtype=jnp.int32)
-  visible = ((key_ids[None, None, :] <= query_slots[:, :, None])
-             & (key_segments[:, None, :] == query_segments[:, :, None])
-             & (key_segments[:, None, :] != 0))[:, None]  # [B, 1, M, n]
-  scores = jnp.where(visible, scores, -jnp.inf)
-  peak = jnp.max(scores, axis=-1, keepdims=True)  # exact in any order
+  kb = key_block or n
+  nb = n // kb
+  # The block axis is a batch axis of both operands, so no dot is ever wider than kb keys.
+  q = lax.optimization_barrier(jnp.broadcast_to(q[:, :, None], (b, g, nb, m, d)))
+  k, v = k.reshape(b, g, nb, kb, d), v.reshape(b, g, nb, kb, d)
+  scores = jnp.einsum("bgjmd,bgjkd->bgjmk", q, k, preferred_element_type=F32)
+  key_ids = jnp.arange(n, dtype=jnp.int32).reshape(nb, kb)
+  kseg = key_segments.reshape(b, 1, nb, 1, kb)
+  visible = ((key_ids[None, None, :, None, :] <= query_slots[:, None, None, :, None])
+             & (kseg == query_segments[:, None, None, :, None]) & (kseg != 0))
+  scores = jnp.where(visible, scores, -jnp.inf)  # [B, G, nb, M, kb]
+  peak = jnp.max(scores, axis=(2, 4), keepdims=True)  # exact in any order
   shift = lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))
   probs = jnp.exp(scores - shift).astype(v.dtype)
-  kb = key_block or n
-  d = v.shape[-1]
   if key_block and d < MIN_COLS:  # value dots get >= MIN_COLS output columns
-    v = _padded(v, 3, MIN_COLS)
-  acc = norm = None
-  for lo in range(0, n, kb):  # fixed key blocks, added in block order
-    p = probs[..., lo:lo + kb]
-    part = jnp.einsum("bgmk,bgkd->bgmd", p, v[:, :, lo:lo + kb], preferred_element_type=F32)
-    total = (row_sum(p.astype(F32))[..., None] if key_block
-             else jnp.sum(p.astype(F32), axis=-1, keepdims=True))
-    acc, norm = (part, total) if acc is None else (acc + part, norm + total)
-  return jnp.where(norm > 0, acc[..., :d] / jnp.where(norm > 0, norm, 1.0), 0.0)
+    v = _padded(v, 4, MIN_COLS)
+  parts = jnp.einsum("bgjmk,bgjkd->bgjmd", probs, v, preferred_element_type=F32)[..., :d]
+  totals = (row_sum(probs.astype(F32)) if key_block
+            else jnp.sum(probs.astype(F32), axis=-1))[..., None]
+  acc, norm = parts[:, :, 0], totals[:, :, 0]
+  for j in range(1, nb):  # key blocks added in block order
+    acc, norm = acc + parts[:, :, j], norm + totals[:, :, j]
+  return jnp.where(norm > 0, acc / jnp.where(norm > 0, norm, 1.0), 0.0)
 
 
 def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments: jax.Array,
@@ -253,9 +263,9 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments
   elif length % key_block or key_block > CONTRACTION_CHUNK:
     raise ValueError(f"key_block={key_block} must divide the cache length {length} and be "
                      f"<= {CONTRACTION_CHUNK}")
-  # Pad the query positions so every (sequence, kv head) dot has >= MIN_ROWS rows; padding
+  # Pad the query positions so every attention dot has >= ATTENTION_MIN_ROWS rows; padding
   # queries have segment 0: they see no key and are dropped below.
-  s_pad = max(s, -(-MIN_ROWS // rep)) if exact else s
+  s_pad = max(s, -(-ATTENTION_MIN_ROWS // rep)) if exact else s
   pad = [(0, 0), (0, s_pad - s)]
   q = (_padded(q, 1, s_pad) if s_pad > s else q).astype(k_cache.dtype)
   slots, segs = jnp.pad(query_slots, pad), jnp.pad(query_segments, pad)
