@@ -27,7 +27,9 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   # The tiny_bugfix agent's architecture, so the pipeline experiment can start its SFT
   # from these weights (experiments/tiny_pipeline.py); max_seq_len is a compute field.
   c.model.update(d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
-                 d_ff=384, max_seq_len=256, row_tile=32, attention_key_block=0, compute_dtype="float32")
+                 d_ff=384, max_seq_len=256, row_tile=32,
+                 # packed documents start on key blocks: 32 keys wastes little padding
+                 attention_key_block=32, compute_dtype="float32")
   c.optimizer.update(learning_rate=2e-3, warmup_steps=30, total_steps=600, end_lr_ratio=0.1,
                      weight_decay=0.01)
   c.train.update(steps=600, batch_size=8, seq_len=256, micro_batch_size=8, log_every=50)

@@ -7,6 +7,8 @@ A fixed number of decode *slots* is shared by many concurrent agent sessions:
   state, step = engine.generate(params, state)         # one token for every slot
   saved  = engine.release(state, slot)                 # turn ended: keep its KV, free the slot
   prefix = engine.prefill(..., existing_prefix=saved)  # tool result: prefill only new tokens
+  prefixes = engine.prefill_many(params=..., items=[(tokens, request, saved_or_None), ...])
+  state, steps = engine.generate_many(params, state, budgets, stop_tokens, k)  # k steps, on device
 
 `prefill` with `existing_prefix` feeds only the new tokens at the end of the session's saved
 cache: the history is never re-prefilled. Every computation is the model's one forward and
