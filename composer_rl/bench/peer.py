@@ -13,9 +13,9 @@ one process on the same cores; the best time of each is reported, and the ratios
   prefilled in one batch (`prefill_many`), inserted into slots, decoded on device by
   `generate_many` with per-slot budgets and a stop token. Every token's log-prob is the
   trainer's, bit for bit.
-* fast: plain JAX, whole-batch matmuls, `jax.nn.dot_product_attention` over the cache, the
-  whole decode loop in one `lax.fori_loop` on device, argmax sampling, no log-probs kept:
-  the plainest fast sampler (`FastSampler` below), same weights as the exact model.
+* fast: `composer_rl.bench.plain_jax.FastSampler`: whole-batch matmuls,
+  `jax.nn.dot_product_attention` over the cache, the whole decode loop in one
+  `lax.fori_loop` on device, argmax sampling, no log-probs kept; same weights.
 * tunix: `composer_rl.bench.peer_tunix` (optional extra `.[peer]`; see its docstring).
 """
 import json
@@ -25,11 +25,11 @@ from absl import app, flags
 
 import composer_rl  # noqa: F401  (parity XLA flags, as for every composer_rl program)
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from composer_rl.bench import peer_tunix
+from composer_rl.bench.plain_jax import FastSampler
 from composer_rl.model import ModelConfig, Transformer
 from composer_rl.sampling.engine import Engine, Request
 
@@ -45,79 +45,6 @@ _PROMPT = flags.DEFINE_integer("prompt_len", 128, "Prompt tokens per sequence.")
 _NEW = flags.DEFINE_integer("new_tokens", 128, "Generated tokens per sequence.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per sampler and batch size.")
 _TUNIX = flags.DEFINE_bool("tunix", True, "Include tunix when it is importable.")
-F32 = jnp.float32
-
-
-class FastSampler:
-  """Plain-JAX greedy generation over the same weights (no exactness, no log-probs)."""
-
-  def __init__(self, config: ModelConfig, params, max_len: int):
-    self.c, self.max_len = config, max_len
-    p = nnx.to_pure_dict(params)
-    self.w = jax.tree.map(lambda x: jnp.asarray(x, F32), p)
-    self._run = jax.jit(self._generate, static_argnums=(2,))
-
-  def _layer(self, blk, x, pos, k_cache, v_cache, start, mask):
-    c = self.c
-    a = blk["attn"]
-    norm = lambda v, s: v * jax.lax.rsqrt(jnp.mean(v * v, -1, keepdims=True) + c.norm_eps) * s
-    b, s, _ = x.shape
-    h = norm(x, a["norm"])
-    q = (h @ a["wq"]).reshape(b, s, c.num_heads, c.head_dim)
-    k = (h @ a["wk"]).reshape(b, s, c.num_kv_heads, c.head_dim)
-    v = (h @ a["wv"]).reshape(b, s, c.num_kv_heads, c.head_dim)
-    if c.qk_norm:
-      q, k = norm(q, a["q_norm"]), norm(k, a["k_norm"])
-    half = c.head_dim // 2
-    freq = 1.0 / (c.rope_theta ** (jnp.arange(half, dtype=F32) * 2.0 / c.head_dim))
-    ang = pos[..., None].astype(F32) * freq
-    cos, sin = jnp.cos(ang)[:, :, None], jnp.sin(ang)[:, :, None]
-    rot = lambda t: jnp.concatenate([t[..., :half] * cos - t[..., half:] * sin,
-                                     t[..., half:] * cos + t[..., :half] * sin], -1)
-    q, k = rot(q), rot(k)
-    k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k, start, 1)
-    v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v, start, 1)
-    att = jax.nn.dot_product_attention(q, k_cache, v_cache, mask=mask, implementation="xla")
-    x = x + att.reshape(b, s, -1) @ a["wo"]
-    f = blk["ffn"]
-    h = norm(x, f["norm"])
-    return x + (jax.nn.silu(h @ f["w_gate"]) * (h @ f["w_up"])) @ f["w_down"], k_cache, v_cache
-
-  def _forward(self, w, tokens, start, caches):
-    """tokens [B, S] at positions start.. -> last logits, new caches."""
-    b, s = tokens.shape
-    x = w["embed"][tokens]
-    pos = start + jnp.broadcast_to(jnp.arange(s), (b, s))
-    keys = jnp.arange(self.max_len)
-    mask = (keys[None, :] <= pos[0][:, None])[None, None]  # [1, 1, S, L]
-    new = []
-    for i, (kc, vc) in enumerate(caches):
-      x, kc, vc = self._layer(w["blocks"][i], x, pos, kc, vc, start, mask)
-      new.append((kc, vc))
-    h = x[:, -1]
-    h = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + self.c.norm_eps) * \
-        w["final_norm"]
-    head = w["embed"].T if self.c.tie_embeddings else w["lm_head"]
-    return h @ head, new
-
-  def _generate(self, w, prompts, new_tokens):
-    c, (b, p) = self.c, prompts.shape
-    shape = (b, self.max_len, c.num_kv_heads, c.head_dim)
-    caches = [(jnp.zeros(shape, F32), jnp.zeros(shape, F32)) for _ in range(c.num_layers)]
-    logits, caches = self._forward(w, prompts, 0, caches)
-    out = jnp.zeros((b, new_tokens), jnp.int32).at[:, 0].set(jnp.argmax(logits, -1))
-
-    def step(i, carry):
-      out, caches = carry
-      last = jax.lax.dynamic_slice_in_dim(out, i - 1, 1, 1)
-      logits, caches = self._forward(w, last, p + i - 1, caches)
-      return out.at[:, i].set(jnp.argmax(logits, -1).astype(jnp.int32)), caches
-
-    out, _ = jax.lax.fori_loop(1, new_tokens, step, (out, caches))
-    return out
-
-  def generate(self, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
-    return np.asarray(self._run(self.w, jnp.asarray(prompts, jnp.int32), new_tokens))
 
 
 def _exact_fn(engine: Engine, prompts: np.ndarray, new_tokens: int):

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from composer_rl.bench import mfu as mfu_lib
+from composer_rl.bench.plain_jax import PlainTrainStep
 from composer_rl.model import sharding as shd
 from composer_rl.model.config import ModelConfig, get_preset
 from composer_rl.train import losses
@@ -43,11 +44,17 @@ SIZES = {
                         num_kv_heads=4, head_dim=64, d_ff=2560, max_seq_len=128, row_tile=64),
     # ~0.98B parameters (composer_rl.model.config PRESETS["dense_1b"]).
     "1b": get_preset("dense_1b"),
+    # The peer benchmark's shape (`composer_rl.bench.peer`), f32.
+    "peer": ModelConfig(vocab_size=4096, d_model=256, num_layers=4, num_heads=4,
+                        num_kv_heads=2, head_dim=64, d_ff=1024, max_seq_len=256,
+                        compute_dtype="float32"),
 }
 
 _SIZES = flags.DEFINE_list("sizes", ["tiny", "100m"], f"model sizes: {sorted(SIZES)}")
 _DEVICES = flags.DEFINE_list("devices", ["1", "8"], "device counts (8 runs in a subprocess)")
-_MODES = flags.DEFINE_list("modes", ["exact", "inexact"], "exact / inexact forward")
+_MODES = flags.DEFINE_list(
+    "modes", ["exact", "inexact", "plain"], "exact / inexact forward of our step, or 'plain': "
+    "the plain-JAX PPO step of `bench.plain_jax` (whole batch, optax AdamW; 1 device only)")
 _ROWS = flags.DEFINE_integer("rows", 8, "sequences per step")
 _SEQ = flags.DEFINE_integer("seq_len", 128, "tokens per sequence")
 _STEPS = flags.DEFINE_integer("steps", 2, "timed steps (after one compile+warm-up step)")
@@ -83,16 +90,25 @@ def measure(model: ModelConfig, size: str, mode: str, devices: int, rows: int, s
   recs = [dict(tokens=rng.integers(0, mc.vocab_size, seq_len).tolist(),
                loss_mask=[0] * (seq_len // 4) + [1] * (seq_len - seq_len // 4),
                logprobs=(-rng.random(seq_len) * 3).tolist()) for _ in range(rows)]
-  batch = ts.shard_batch(build_batch(recs, seq_len, advantages=rng.normal(size=rows)))
+  batch = build_batch(recs, seq_len, advantages=rng.normal(size=rows))
+  if mode == "plain":
+    plain = PlainTrainStep(mc, state.params)
+    args = (batch.tokens, batch.loss_mask, batch.behaviour_logprobs, batch.advantages)
+    run = lambda: {"loss": plain.step(*args)}
+  else:
+    batch = ts.shard_batch(batch)
+
+    def run():
+      nonlocal state
+      state, m = ts.step(state, batch)
+      return jax.block_until_ready(m)
   t = time.perf_counter()
-  state, m = ts.step(state, batch)
-  jax.block_until_ready(m)
+  m = run()
   compile_s = time.perf_counter() - t
   times = []
   for _ in range(steps):
     t = time.perf_counter()
-    state, m = ts.step(state, batch)
-    jax.block_until_ready(m)
+    m = run()
     times.append(time.perf_counter() - t)
   params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   best = min(times)
@@ -109,7 +125,7 @@ def _rows(devices: int):
   out = []
   for size in _SIZES.value:
     for mode in _MODES.value:
-      if f"{size}/{mode}/{devices}" in _SKIP.value:
+      if f"{size}/{mode}/{devices}" in _SKIP.value or (mode == "plain" and devices > 1):
         continue
       reduce = _REDUCE_100M.value if (size == "100m" and devices > 1) else "tree"
       out.append(_measure(size, mode, devices, _ROWS.value, _SEQ.value, _STEPS.value, reduce))
@@ -138,8 +154,9 @@ def main(_):
     sys.stderr.write(out.stderr)
     results += json.loads(out.stdout.strip().splitlines()[-1])
   by = {(r["size"], r["mode"], r["devices"]): r["tokens_per_s"] for r in results}
-  ratios = {f"{s}/{d}dev exact_vs_inexact": round(by[(s, "exact", d)] / by[(s, "inexact", d)], 3)
-            for (s, m, d) in by if m == "exact" and (s, "inexact", d) in by}
+  ratios = {f"{s}/{d}dev exact_vs_{base}": round(by[(s, "exact", d)] / by[(s, base, d)], 3)
+            for (s, m, d) in by for base in ("inexact", "plain")
+            if m == "exact" and (s, base, d) in by}
   print(json.dumps(dict(bench="train_step", host_cpus=os.cpu_count(),
                         jax=jax.__version__, results=results, exact_over_inexact=ratios)))
 

@@ -2,19 +2,21 @@
 
 Measured on XLA:CPU (jaxlib 0.10.2, with `xla_flags.PARITY_FLAGS`; BUILD_NOTES.md §1,
 "What breaks it" and `python -m composer_rl.bench.invariance`): a matmul row's bits depend
-on how many rows the call has when the contraction is wider than 256 (Eigen's blocking and
-inner-dimension sharding change the summation order) or when the call has fewer than 8 rows
-(matrix-vector and small-M kernels); reductions over the minor axis (norms, softmax, sums)
+on how many rows the call has when the contraction is wider than 128 (Eigen's blocking and
+inner-dimension sharding change the summation order), when the call has one row (XLA's
+own matrix-vector loop) or 2..7 rows and more than 2048 output columns (other Eigen
+kernel paths); reductions over the minor axis (norms, softmax, sums)
 and element-wise maths do not depend on the row count. So every operation here runs on the
 whole batch at once, and only two rules make it exact:
 
-* `dense`: the contraction is cut into fixed chunks of at most `CONTRACTION_CHUNK` (256)
-  whose partial products are added in a fixed order; a call with fewer than `MIN_ROWS` (8)
-  rows or `MIN_COLS` (16) output columns is padded to that. Row i's bits are then the same for any number of rows, in
+* `dense`: the contraction is cut into fixed chunks of at most `CONTRACTION_CHUNK` (128)
+  whose partial products are added in a fixed order; a call with fewer than `MIN_ROWS` (2)
+  rows (`WIDE_MIN_ROWS`, 8, above `WIDE_COLS` output columns) or `MIN_COLS` (16) output
+  columns is padded to that. Row i's bits are then the same for any number of rows, in
   prefill, decode and the forward inside `value_and_grad`.
-* `attention`: scores over the head dimension (<= 256, one chunk), one softmax shift per
+* `attention`: scores over the head dimension (<= 128, one chunk), one softmax shift per
   query (the max over its visible keys: exact in any order), and the weighted sum of values
-  taken in fixed key blocks (`key_block` <= 256 keys, each block's dot a fixed contraction)
+  taken in fixed key blocks (`key_block` <= 128 keys, each block's dot a fixed contraction)
   added in block order, with the normalizer summed block by block the same way. A block a
   query cannot see contributes exact zeros, so a call may read any multiple of the key
   block that covers its visible keys: each call reads the smallest of a few key-length
@@ -40,8 +42,16 @@ from jax import lax
 F32 = jnp.float32
 # Widest contraction whose per-row bits do not depend on the row count (measured above).
 CONTRACTION_CHUNK = 128
-# Fewest rows a dot may have before XLA:CPU switches to a matrix-vector/small-M kernel.
-MIN_ROWS = 8
+# Fewest rows a dot may have: one row is XLA:CPU's own matrix-vector loop (a sequential sum
+# without fused multiply-adds), two or more rows Eigen's matrix kernel (a sequential chain of
+# fused multiply-adds per 128-wide chunk), measured for 1..300 rows, f32 and bf16, 1 and 8
+# devices (`python -m composer_rl.bench.invariance`).
+MIN_ROWS = 2
+# ...but with more than 2048 output columns (K = 128, 1 device) calls of 2..7 rows take
+# other kernel paths than calls of 8 or more (measured at N = 2304..32768; 8 devices did
+# not differ): such dots (the head, a wide fused FFN) are padded to 8 rows.
+WIDE_COLS = 2048
+WIDE_MIN_ROWS = 8
 # Fewest output columns: with 8 columns Eigen re-blocks the contraction once the left
 # operand passes ~330 KB (measured at 256 x 320 rows and 128 x 656 rows); 16 never did.
 MIN_COLS = 16
@@ -103,11 +113,23 @@ def dense(x: jax.Array, w: jax.Array, dtype, exact: bool = True) -> jax.Array:
   x, w = x.astype(dtype), w.astype(dtype)
   if not exact:
     return jnp.dot(x, w, preferred_element_type=F32)
-  (rows, width), cols = x.shape, w.shape[1]
-  if rows < MIN_ROWS:
-    x = _padded(x, 0, MIN_ROWS)
+  rows, cols = x.shape[0], w.shape[1]
+  min_rows = MIN_ROWS if cols <= WIDE_COLS else WIDE_MIN_ROWS
+  if rows < min_rows:
+    x = _padded(x, 0, min_rows)
   if cols < MIN_COLS:  # e.g. a router over a few experts
     w = _padded(w, 1, MIN_COLS)
+  return _chunked_dot(x, w)[:rows, :cols]
+
+
+@jax.custom_vjp
+def _chunked_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x [T, K] @ w [K, N] -> fp32, the contraction in fixed CONTRACTION_CHUNK-wide chunks
+  added in order. Its gradient is the plain dot's: only the forward's bits must not depend
+  on the row count (log-probs); the backward runs the same program on any device count, and
+  a chunked backward would pay a zero-pad and an add of the whole [T, K] gradient per
+  chunk (measured: ~100 ms of a 680 ms train step)."""
+  width = x.shape[1]
   chunks = -(-width // CONTRACTION_CHUNK)
   if chunks > 1 and width % CONTRACTION_CHUNK == 0 and x.shape[0] <= BATCHED_CHUNK_ROWS:
     # Few rows (decode): one dot with the chunks as a batch axis (one call instead of one
@@ -123,7 +145,19 @@ def dense(x: jax.Array, w: jax.Array, dtype, exact: bool = True) -> jax.Array:
   out = parts[0]
   for part in parts[1:]:  # added in a fixed order
     out = out + part
-  return out[:rows, :cols]
+  return out
+
+
+def _chunked_dot_fwd(x, w):
+  return _chunked_dot(x, w), (x, w)
+
+
+def _chunked_dot_bwd(residuals, g):
+  x, w = residuals
+  return jax.vjp(lambda x, w: jnp.dot(x, w, preferred_element_type=F32), x, w)[1](g)
+
+
+_chunked_dot.defvjp(_chunked_dot_fwd, _chunked_dot_bwd)
 
 
 def row_sum(x: jax.Array) -> jax.Array:

@@ -124,7 +124,7 @@ class Engine:
     self._generate_fn = jax.jit(self._generate_impl, donate_argnums=(1,))
     self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._release_fn = jax.jit(self._release_impl)
-    self._sample_fn = jax.jit(self._sample_impl, static_argnums=(8,))
+    self._sample_fn = jax.jit(self._sample_impl, static_argnums=(7,))
     self._generate_many_fn = jax.jit(self._generate_many_impl, donate_argnums=(1,),
                                      static_argnums=(4,))
 
@@ -199,16 +199,19 @@ class Engine:
       ids.append(chunk_ids)
     reqs = [r for _, r, _ in items] + [items[0][1]] * (rows - n)
     sampling = jax.tree.map(lambda *a: jnp.concatenate(a), *[r.rows() for r in reqs])
+    # Split into all `rows` prefixes (a program per power of two, not per item count).
     out = self._sample_fn(params, cache, last, jnp.asarray(starts + lens),
                           jnp.asarray([r.seq_id for r in reqs], jnp.int32),
-                          jnp.asarray([r.seed for r in reqs], jnp.uint32), sampling,
-                          jnp.concatenate(ids, axis=1), n)
-    return [p.replace(expert_ids=p.expert_ids[:lens[i]]) for i, p in enumerate(out)]
+                          jnp.asarray([r.seed for r in reqs], jnp.uint32), sampling, rows)
+    # Routing records on the host: slicing per length on device compiles a program per length.
+    fed = np.asarray(jnp.concatenate(ids, axis=1))
+    return [p.replace(expert_ids=fed[i, :lens[i]]) for i, p in enumerate(out[:n])]
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     if not 0 <= slot < self.slots:
       raise ValueError(f"slot {slot} outside [0, {self.slots})")
-    return self._insert_fn(prefix, decode_state, jnp.int32(slot))
+    # Without the routing record: its length varies, and the slot does not need it.
+    return self._insert_fn(prefix.replace(expert_ids=None), decode_state, jnp.int32(slot))
 
   def generate(self, params, decode_state: DecodeState):
     """One decode step for every slot; returns (new state, StepResult)."""
@@ -249,8 +252,9 @@ class Engine:
         lambda full, one: jax.lax.dynamic_update_index_in_dim(full, one[0], i, 0), cache,
         row_cache)
 
-  def _sample_impl(self, params, cache, last, length, seq_id, seed, rows, expert_ids, n):
-    """Samples every row's next token and splits the batch into `n` Prefix objects."""
+  def _sample_impl(self, params, cache, last, length, seq_id, seed, rows, n):
+    """Samples every row's next token and splits the batch into `n` Prefix objects (their
+    expert_ids left for the caller)."""
     model = nnx.merge(self.graphdef, params)
     keys = jax.vmap(lambda s, q, p: head_lib.token_keys(s, q[None], p[None])[0])(
         seed, seq_id, length)
@@ -261,7 +265,7 @@ class Engine:
                         token=head.tokens[i], logprob=head.logprobs[i], top_ids=head.top_ids[i],
                         top_logprobs=head.top_logprobs[i], seq_id=seq_id[i], seed=seed[i],
                         sampling=jax.tree.map(lambda x: take(x, i), rows),
-                        expert_ids=expert_ids[i]) for i in range(n))
+                        expert_ids=None) for i in range(n))
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
     def put(full, one):

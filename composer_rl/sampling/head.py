@@ -111,7 +111,11 @@ def _head(logits_fn, top, with_entropy, args):
                  )(keys)
     return jnp.argmax(shifted + jnp.where(noisy[:, None], g, 0.0), axis=-1)
 
-  sampled = lax.cond(jnp.any(noisy), with_noise, lambda: jnp.argmax(shifted, axis=-1))
+  def without_noise():  # no argmax when every row is scored (the trainer's case)
+    return lax.cond(jnp.all(targets >= 0), lambda: jnp.zeros_like(targets),
+                    lambda: jnp.argmax(shifted, axis=-1).astype(jnp.int32))
+
+  sampled = lax.cond(jnp.any(noisy), lambda: with_noise().astype(jnp.int32), without_noise)
   tokens = jnp.where(targets >= 0, targets, sampled.astype(jnp.int32))
   # The token's log-prob, the same arithmetic as element `tokens` of the full log-softmax.
   logprob = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0] - lse

@@ -127,7 +127,7 @@ class Sampler:
           for i, r, p in zip(admit, requests, saved)])
       for k, p in enumerate(saved):  # the experts of the tokens the first prefill fed
         if p is not None:
-          prefixes[k] = prefixes[k].replace(expert_ids=jnp.concatenate(
+          prefixes[k] = prefixes[k].replace(expert_ids=np.concatenate(
               [p.expert_ids, prefixes[k].expert_ids]))
       for i, prefix in zip(admit, prefixes):
         o = out[i]

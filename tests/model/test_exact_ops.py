@@ -14,14 +14,15 @@ def bits(x):
   return np.asarray(x, np.float32).view(np.uint32)
 
 
-@pytest.mark.parametrize("width,cols", [(300, 20), (1024, 4), (64, 512)])
+@pytest.mark.parametrize("width,cols", [(300, 20), (1024, 4), (64, 512), (128, 2048),
+                                        (128, 4096), (256, 4096)])
 def test_dense_rows_do_not_depend_on_the_row_count(width, cols):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((700, width)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((width, cols)) * 0.05, jnp.float32)
   f = jax.jit(lambda x: exact.dense(x, w, jnp.float32))
   ref = bits(f(x))
-  for rows in (1, 3, 8, 40, 513):  # padded, batched chunks, per-chunk dots
+  for rows in (1, 2, 3, 7, 8, 40, 513):  # padded, batched chunks, per-chunk dots
     np.testing.assert_array_equal(bits(f(x[:rows])), ref[:rows])
   np.testing.assert_allclose(np.asarray(ref.view(np.float32)), np.asarray(x) @ np.asarray(w),
                              rtol=1e-4, atol=1e-4)
