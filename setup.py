@@ -25,6 +25,8 @@ setuptools.setup(
         "numpy>=1.26",
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
+        # Progress (count, rate, ETA) of long phases, in a terminal and in log files.
+        "tqdm>=4.66",
         # The OpenAI-compatible server (launch/serve.py, composer_rl/serving) and the
         # scripted user of the online-RL experiment (the official client, as users run it).
         "fastapi>=0.110",

@@ -30,6 +30,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
   config = _CONFIG.value
+  # Unknown fields, wrong types and bad values fail here, naming the field, before any
+  # work (or any JAX backend) starts; missing optional fields get their defaults.
+  from composer_rl.controller import config as config_lib  # pylint: disable=g-import-not-at-top
+  try:
+    config_lib.validate(config)
+  except config_lib.ConfigError as e:
+    raise app.UsageError(str(e)) from None
   if cluster_flags.DRY_RUN.value:
     topology = (plan_lib.Topology.parse(cluster_flags.TOPOLOGY.value)
                 if cluster_flags.TOPOLOGY.value else plan_lib.Topology.current())
@@ -48,10 +55,7 @@ def main(argv):
   kinds = {"agent_rl": agent_rl.run, "pipeline": pipeline.run,
            "compaction_ablation": ablation.run, "online_rl": online_rl.run,
            "": trainer.train}
-  kind = config.get("kind", "")
-  if kind not in kinds:
-    raise app.UsageError(f"config.kind={kind!r}: choose one of {sorted(kinds)}")
-  kinds[kind](config, _WORKDIR.value)
+  kinds[config.get("kind", "")](config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

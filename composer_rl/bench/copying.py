@@ -38,7 +38,8 @@ import jax
 import numpy as np
 
 from composer_rl.bench.long_sessions import experiment_config
-from composer_rl.controller import agent_rl
+from composer_rl.controller import agent_rl, agent_setup, agent_sft
+from composer_rl.rollout.session import Trajectory
 from composer_rl.data import copy_curriculum
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.tasks import keychain
@@ -124,14 +125,14 @@ def policy(workdir: str, rows: int = 8, contexts: int = 24, smoke: bool = False)
     raise ValueError(f"no demonstrations (demos_*.jsonl) in {workdir!r}")
   c = experiment_config(smoke)
   with tempfile.TemporaryDirectory() as tmp:
-    s = agent_rl.Setup(c, tmp)
-    params = agent_rl.saved_sft_params(s, agent_rl.make_rl_step(s), workdir)
+    s = agent_setup.Setup(c, tmp)
+    params = agent_sft.saved_sft_params(s, agent_rl.make_rl_step(s), workdir)
   model, n = build_model(s.model_config, jax.device_get(params)), s.model_config.max_seq_len
   copy_rows = copy_curriculum.copy_records(
-      np.random.default_rng(12345), s.tok, rows, n, c.sft.get("copy_rows_kind", "recall"),
-      **dict(c.sft.get("copy_rows_args") or {}))
+      np.random.default_rng(12345), s.tok, rows, n, c.sft.copy_rows_kind,
+      **dict(c.sft.copy_rows_args))
   with open(demo_files[0]) as f:
-    demos = [agent_rl.Trajectory.from_json(json.loads(line)) for line in f]
+    demos = [Trajectory.from_json(json.loads(line)) for line in f]
   segs = [r for d in demos for r in compaction_lib.segment_records(d)][:contexts]
   return dict(workdir=workdir, copy_rows=_letter_probs(model, s.tok, copy_rows, n),
               demo_contexts=_letter_probs(model, s.tok, segs, n))

@@ -14,7 +14,8 @@ import time
 from absl import app, flags
 import numpy as np
 
-from composer_rl.controller.agent_rl import context_stats
+from composer_rl.controller import config as kinds
+from composer_rl.controller.agent_eval import context_stats
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.harness import EnvConfig, make_env
 from composer_rl.env.policies import make_policy
@@ -36,9 +37,10 @@ def experiment_config(smoke: bool = False):
 
 def main(_):
   c = experiment_config()
+  kinds.validate(c, "agent_rl")  # defaults filled in
   chat = ChatFormat(ByteTokenizer())
   env = EnvConfig(compact_prompt=True, max_turns=c.env.max_turns,
-                  system_prompt=c.env.system_prompt, tools=tuple(c.env.get("tools", ())))
+                  system_prompt=c.env.system_prompt, tools=tuple(c.env.tools))
   comp = compaction_lib.CompactionConfig(**dict(c.rl.compaction))
   window = c.model.max_seq_len
   tasks = [get_task(c.tasks.family, "train", i, c.tasks.seed) for i in range(_TASKS.value)]

@@ -23,7 +23,7 @@ from absl import app, flags
 import composer_rl  # noqa: F401  (parity XLA flags)
 from ml_collections import config_flags
 
-from composer_rl.controller import agent_rl
+from composer_rl.controller import agent_rl, agent_setup, agent_sft
 from composer_rl.train.checkpoint import Checkpointer
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -43,7 +43,7 @@ def _initial_state(s, step):
     if restored is None:
       raise FileNotFoundError(f"no RL step-0 (SFT) checkpoint under {_SFT.value}")
     return restored.state
-  return step.init_state(s.config.seed, params=agent_rl.sft_stage(s).params)
+  return step.init_state(s.config.seed, params=agent_sft.sft_stage(s).params)
 
 
 def _host_busy_seconds():
@@ -99,7 +99,7 @@ def main(argv):
   del argv
   config = _CONFIG.value
   wd = tempfile.mkdtemp(prefix="bench_pipeline_")
-  s = agent_rl.Setup(config, wd)
+  s = agent_setup.Setup(config, wd)
   step = agent_rl.make_rl_step(s)
   state0 = _initial_state(s, step)
   out = {"config": {"steps": _STEPS.value, "warmup": _WARMUP.value,

@@ -114,7 +114,7 @@ def synthetic_run(workdir: str, sessions: int, group_size: int = 8, groups_per_s
           step=step, phase="rl", time=step * 10.0, reward_mean=sum(rewards) / len(rewards),
           solve_rate=sum(r >= 1 for r in rewards) / len(rewards), staleness_mean=0.5,
           generated_tokens=float(sum(t.num_generated for t in trajs)), step_seconds=10.0,
-          trainer_tokens_per_s=float(sum(t.num_generated for t in trajs)) / 6.0)) + "\n")
+          trained_tokens_per_s=float(sum(t.num_generated for t in trajs)) / 6.0)) + "\n")
   return dict(sessions=sid, steps=steps)
 
 

@@ -28,6 +28,7 @@ from typing import Any, Dict
 import ml_collections
 
 from composer_rl.controller import agent_rl
+from composer_rl.controller import config as config_lib
 from composer_rl.controller.pipeline import _stage
 from composer_rl.rollout.compaction import CONTEXT_MODES
 
@@ -61,13 +62,14 @@ def _arm_summary(s: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def run(config, workdir: str) -> Dict[str, Any]:
+  config_lib.validate(config, "compaction_ablation")
   os.makedirs(workdir, exist_ok=True)
   arms = {name: tuple(modes) for name, modes in config.arms.items()}
   configs = {name: arm_config(config, *modes) for name, modes in arms.items()}  # fail early
   out: Dict[str, Any] = dict(
       seed=config.agent.seed, window=config.agent.model.max_seq_len,
-      full_window=config.agent.eval.get("full_window_max_seq_len", 0),
-      rl_steps=config.agent.rl.steps, task_family=config.agent.tasks.get("family"), arms={})
+      full_window=config.agent.eval.full_window_max_seq_len,
+      rl_steps=config.agent.rl.steps, task_family=config.agent.tasks.family, arms={})
   first = os.path.join(workdir, next(iter(arms)))
   for name, modes in arms.items():
     summary = _stage(os.path.join(workdir, name), lambda d, c=configs[name]: agent_rl.run(

@@ -34,10 +34,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from composer_rl.controller.metrics import MetricsWriter
+from composer_rl.controller import config as config_lib
+from composer_rl.train.metrics import MetricsWriter
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.model import Transformer, inference_copy, sharding
 from composer_rl.online import ingest, tasks as tasks_lib
+from composer_rl.progress import progress
 from composer_rl.online.scripted_user import __file__ as USER_SCRIPT
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
@@ -76,7 +78,7 @@ def sft_stage(config, mc, mesh, chat: ChatFormat, system: str, metrics: MetricsW
   state = step.init_state(config.seed)
   rows = demonstrations(config, chat, system)
   rng = np.random.default_rng(config.seed)
-  for k in range(c.steps):
+  for k in progress(c.steps, "SFT", "steps", iterable=range(c.steps)):
     pick = rng.choice(len(rows), c.batch_size, replace=False)
     batch = build_batch([rows[i] for i in pick], mc.max_seq_len,
                         num_rows=-(-c.batch_size // step.num_shards) * step.num_shards)
@@ -146,6 +148,7 @@ def run(config, workdir: str) -> Dict:
   resumes without training on a session twice or skipping one it had trained on. The
   resumed weights are published as a new version (versions count publications, not
   steps), which the server follows."""
+  config_lib.validate(config, "online_rl")
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   c = config.online
@@ -205,7 +208,7 @@ def run(config, workdir: str) -> Dict:
     consumed = set(book["consumed"])
     n_sim = int(round(c.batch_size * c.sim_fraction))
     n_online = c.batch_size - n_sim
-    for k in range(start, c.steps):
+    for k in progress(c.steps - start, "online RL", "steps", iterable=range(start, c.steps)):
       t0 = time.time()
       while True:  # the trainer waits only for enough fresh sessions
         src = ingest.OnlineSessionSource(records_dir, spec, limits, current_version=version)

@@ -18,6 +18,7 @@ from typing import Any, Dict
 import jax
 
 from composer_rl.controller import agent_rl
+from composer_rl.controller import config as kinds
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.model import ModelConfig
 from composer_rl.train import config as config_lib
@@ -51,6 +52,7 @@ def _stage(workdir: str, fn) -> Dict[str, Any]:
 
 
 def run(config, workdir: str) -> Dict[str, Any]:
+  kinds.validate(config, "pipeline")
   _check_same_architecture(config)
   os.makedirs(workdir, exist_ok=True)
   cpt_dir, after_dir, scratch_dir = (os.path.join(workdir, a) for a in ARMS)

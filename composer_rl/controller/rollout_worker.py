@@ -20,7 +20,7 @@ import jax
 from absl import logging
 from flax import nnx
 
-from composer_rl.controller.agent_rl import Setup
+from composer_rl.controller.agent_setup import Setup
 from composer_rl.model import inference_copy
 from composer_rl.rollout.runner import NOT_YET, RolloutRunner
 from composer_rl.rollout.session import Trajectory

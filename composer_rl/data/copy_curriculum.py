@@ -7,7 +7,7 @@ BUILD_NOTES section 11). A pretrained LLM can do that from the start (induction 
 during pretraining); the tiny byte models trained from scratch here cannot, and learn it far
 too slowly from demonstrations alone, where copied tokens are a few percent of the trained
 ones (1,500 SFT steps on keychain demonstrations left the copied characters at chance).
-In `composer_rl.controller.agent_rl.sft_stage`: `sft.copy_only_steps` trains on these rows
+In `composer_rl.controller.agent_sft.sft_stage`: `sft.copy_only_steps` trains on these rows
 alone first, `sft.copy_rows` mixes them into later batches, `sft.copy_rows_kind` /
 `copy_rows_args` pick a `COPY_ROWS` kind and its arguments.
 

@@ -32,6 +32,7 @@ import grain
 
 from composer_rl.data import dedup
 from composer_rl.data import secrets as secrets_lib
+from composer_rl.progress import progress
 
 # Extension -> language. Keep in sync with the languages a run asks for.
 EXTENSIONS = {
@@ -269,6 +270,7 @@ def build_corpus(sources: Sequence[Tuple[str, Sequence[str]]],
   seen = 0
   docs: List[Document] = []
   candidates = 0
+  bar = progress(config.max_files, "corpus", "files")  # files in the kept languages
   for raw in _all_files(sources, config):
     lang = EXTENSIONS.get(os.path.splitext(raw.path)[1].lower())
     if lang in langs and config.max_files is not None and candidates >= config.max_files:
@@ -278,6 +280,7 @@ def build_corpus(sources: Sequence[Tuple[str, Sequence[str]]],
       dropped["language"] += 1
       continue
     candidates += 1
+    bar.update(1)
     if not config.min_bytes <= len(raw.data) <= config.max_bytes:
       dropped["size"] += 1
       continue
@@ -293,6 +296,7 @@ def build_corpus(sources: Sequence[Tuple[str, Sequence[str]]],
       continue
     docs.append(Document(repo=raw.repo, path=raw.path, language=lang, text=text))
 
+  bar.close()
   # Sorting makes the kept copy of a duplicate independent of source order.
   docs.sort(key=lambda d: (d.repo, d.path))
   n_exact_in = len(docs)

@@ -15,6 +15,7 @@ only `PARITY_FLAGS`, so CPU behaviour is unchanged. `launch/device_check.py` run
 parity suite under both routes and reports which one is bitwise on the device.
 """
 import os
+import sys
 import warnings
 
 # Flag -> reason. Kept as a dict so BUILD_NOTES and the error message can cite reasons.
@@ -69,6 +70,10 @@ def effective_flags(current: str, route: str = "default") -> str:
 
 
 def _backend_initialized() -> bool:
+  # Without jax imported there is no backend; importing it here would load JAX into
+  # processes that never use it (the environment layer, `composer_rl.env`).
+  if "jax" not in sys.modules:
+    return False
   try:
     from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
     return bool(getattr(xla_bridge, "_backends", {}))

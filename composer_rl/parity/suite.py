@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from composer_rl.model import sharding
+from composer_rl.progress import progress
 from composer_rl.model.config import ModelConfig
 from composer_rl.model.transformer import Transformer, inference_copy
 from composer_rl.sampling.sampler import Sample, Sampler, SamplingConfig
@@ -190,40 +191,49 @@ class ParityRunner:
 
   def run(self) -> Tally:
     tally = Tally()
+    cases = (2 + len(self.batch_sizes) * len(self.prefill_chunks) * len(self.prompt_buckets)
+             + (self.config.compute_dtype != self.config.param_dtype)
+             + 2 * len(self.train_batch_sizes) + 3 * len(self.num_devices))
+    bar = progress(cases, f"parity ({self.config.compute_dtype})", "cases")
+
+    def merge(name, parts):
+      tally.merge_case(name, parts)
+      bar.update(1)
     everyone = list(range(len(self.prompts)))
     ref = self._sample(everyone, len(everyone), None, 16)
-    tally.merge_case("reference_self", _compare_samples(ref, ref))
+    merge("reference_self", _compare_samples(ref, ref))
     for bs in self.batch_sizes:
       for chunk in self.prefill_chunks:
         for bucket in self.prompt_buckets:
           order = [int(i) for i in self.rng.permutation(len(everyone))]
           got = self._sample(order, bs, chunk, bucket)
-          tally.merge_case(f"sampler/slots={bs}/chunk={chunk}/bucket={bucket}/shuffled",
+          merge(f"sampler/slots={bs}/chunk={chunk}/bucket={bucket}/shuffled",
                            _compare_samples(ref, got))
     order = [int(i) for i in self.rng.permutation(len(everyone))]
     split = max(1, min(len(p) for p in self.prompts) // 2)
     got = self._sample(order, max(1, len(everyone) // 2), None, 16, prefix_split=split)
-    tally.merge_case(f"sampler/saved_prefix={split}", _compare_samples(ref, got))
+    merge(f"sampler/saved_prefix={split}", _compare_samples(ref, got))
     if self.config.compute_dtype != self.config.param_dtype:
       got = self._sample(order, len(everyone), None, 16,
                          state=inference_copy(self.state, self.config))
-      tally.merge_case("sampler/inference_copy", _compare_samples(ref, got))
+      merge("sampler/inference_copy", _compare_samples(ref, got))
     for bs in self.train_batch_sizes:
       for with_grad in (False, True):
         order = [int(i) for i in self.rng.permutation(len(everyone))]
         pad_to = int(self.rng.integers(0, self.config.max_seq_len + 1))
         kind = "value_and_grad" if with_grad else "forward"
-        tally.merge_case(f"trainer/{kind}/batch={bs}/pad_to={pad_to}",
+        merge(f"trainer/{kind}/batch={bs}/pad_to={pad_to}",
                          self._score(ref, order, bs, pad_to, with_grad))
     for n in self.num_devices:
       mesh = sharding.make_mesh({"data": n}, jax.devices()[:n])
       order = [int(i) for i in self.rng.permutation(len(everyone))]
       got = self._sample(order, len(everyone), self.prefill_chunks[-1], 16, mesh)
-      tally.merge_case(f"sampler/devices={n}", _compare_samples(ref, got))
+      merge(f"sampler/devices={n}", _compare_samples(ref, got))
       for with_grad in (False, True):
         kind = "value_and_grad" if with_grad else "forward"
-        tally.merge_case(f"trainer/{kind}/devices={n}",
+        merge(f"trainer/{kind}/devices={n}",
                          self._score(ref, order, len(everyone), 0, with_grad, mesh))
+    bar.close()
     return tally
 
 

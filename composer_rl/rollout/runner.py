@@ -438,9 +438,16 @@ class RolloutRunner:
     ready.append(s)
     return True
 
-  def run(self, jobs: List[Job], max_in_flight: Optional[int] = None) -> List[Trajectory]:
-    """Runs all `jobs`; returns their trajectories in job order."""
+  def run(self, jobs: List[Job], max_in_flight: Optional[int] = None,
+          on_result: Optional[Callable[[Trajectory], None]] = None) -> List[Trajectory]:
+    """Runs all `jobs`; returns their trajectories in job order. `on_result` (e.g. a
+    progress bar's update) sees each trajectory as it finishes."""
     it = iter(jobs)
     out: List[Trajectory] = []
-    self.run_stream(lambda: next(it, None), out.append, max_in_flight or len(jobs))
+
+    def emit(t: Trajectory) -> None:
+      out.append(t)
+      if on_result is not None:
+        on_result(t)
+    self.run_stream(lambda: next(it, None), emit, max_in_flight or len(jobs))
     return sorted(out, key=lambda t: t.session_id)

@@ -29,6 +29,7 @@ An experiment's `get_config()` returns a ConfigDict with these sections (see
 import dataclasses
 from typing import Any, Dict
 
+from composer_rl.config import ConfigError
 from composer_rl.model import sharding as shd
 from composer_rl.model.config import ModelConfig
 from composer_rl.train import advantages, losses
@@ -38,8 +39,9 @@ from composer_rl.train.train_step import TrainConfig
 MODES = ("sft", "rl_synthetic", "pretrain")
 
 
-class ConfigError(ValueError):
-  """A config value is missing, unknown, of the wrong type or out of range."""
+# Top-level sections of a trainer experiment (`kind` '' or absent).
+SECTIONS = ("kind", "mode", "seed", "init_checkpoint", "model", "mesh", "sharding_rules",
+            "optimizer", "loss", "train", "checkpoint", "data", "corpus", "rl", "serve")
 
 
 def _fields(section: str, cls, values: Dict[str, Any]):
@@ -51,6 +53,24 @@ def _fields(section: str, cls, values: Dict[str, Any]):
     return cls(**values)
   except (TypeError, ValueError) as e:
     raise ConfigError(f"config.{section}: {e}") from None
+
+
+# Fields of the trainer's plain sections (unknown ones are errors).
+SECTION_FIELDS = {
+    "train": ("steps", "batch_size", "seq_len", "micro_batch_size", "grad_reduce",
+              "log_every"),
+    "checkpoint": ("every_steps", "max_to_keep", "async_save"),
+    "data": ("jsonl", "synthetic_num"),
+    "rl": ("group_size", "groups_per_step", "num_prompts", "prompt_len", "max_new_tokens",
+           "temperature", "target_token", "advantage_estimator"),
+}
+
+
+def _only(config, section: str) -> None:
+  known = SECTION_FIELDS[section]
+  for k in config.get(section, None) or {}:
+    if k not in known:
+      raise ConfigError(f"config.{section}.{k}: unknown field; known: {sorted(known)}")
 
 
 def _need(config, path: str, kind):
@@ -89,6 +109,11 @@ class Experiment:
 
 def build(config) -> Experiment:
   """Validates `config` and builds the dataclasses; raises ConfigError naming the field."""
+  for k in config:
+    if k not in SECTIONS:
+      raise ConfigError(f"config.{k}: unknown field; known: {sorted(SECTIONS)}")
+  for section in SECTION_FIELDS:
+    _only(config, section)
   mode = _need(config, "mode", str)
   if mode not in MODES:
     raise ConfigError(f"config.mode: {mode!r}; choose one of {MODES}")
@@ -128,6 +153,7 @@ def build(config) -> Experiment:
                       f"{model.max_seq_len}]")
   _need(config, "checkpoint.every_steps", int)
   _need(config, "checkpoint.max_to_keep", int)
+  _need(config, "checkpoint.async_save", bool)
   if mode == "rl_synthetic":
     for name, kind in (("group_size", int), ("groups_per_step", int), ("num_prompts", int),
                        ("prompt_len", int), ("max_new_tokens", int), ("temperature", float),

@@ -1,47 +1,118 @@
-"""Training metrics: a JSONL log that survives resumption, console lines, the run summary."""
+"""Training metrics: the one writer every training path uses (JSONL, TensorBoard, console,
+a PNG of the curves), and the trainer's run summary."""
 import json
+import math
 import os
-from typing import Any, Dict, List
+import time
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+
+_CONSOLE_KEYS = ("loss", "reward_mean", "solve_rate", "staleness_mean", "grad_norm",
+                 "ratio_mean", "entropy", "learning_rate", "sampler_tokens_per_s",
+                 "trained_tokens_per_s", "malformed_rate")
+# Curves drawn per phase: RL's signal, then the loss (SFT, pretraining).
+_PLOT_KEYS = ("reward_mean", "solve_rate", "entropy", "kl_behaviour", "staleness_mean",
+              "trainer_idle_fraction", "loss")
 
 
-class MetricsLog:
-  """Appends one JSON object per step to `path`.
+class MetricsWriter:
+  """Writes `workdir/metrics.jsonl` (one row per (phase, step)), `workdir/tensorboard/`
+  (scalars as `phase/name`) and a console line per row; `close()` draws curves.png. Every
+  training path (the trainer, agent RL, online RL, the pipeline's stages) writes through it.
 
-  On resume from step k, lines with step > k (written after the checkpoint the run restarts
-  from) are dropped first, so the log of a killed-and-resumed run equals an uninterrupted
-  one line for line (timings aside).
-  """
+  A resumed run calls `truncate_phase(phase, step)` first: rows it will write again are
+  dropped, so the log of a killed-and-resumed run equals an uninterrupted one row for row
+  (timings aside). A line cut by a kill is dropped too."""
 
-  def __init__(self, path: str, resume_step: int = 0):
-    self.path = path
-    kept = []
-    if os.path.exists(path):
-      with open(path) as f:
-        for line in f:
-          try:
-            rec = json.loads(line)
-          except json.JSONDecodeError:  # a line cut by a kill
-            continue
-          if rec.get("step", 0) <= resume_step:
-            kept.append(line if line.endswith("\n") else line + "\n")
-    with open(path, "w") as f:
-      f.writelines(kept)
-    self.f = open(path, "a")
+  def __init__(self, workdir: str, tensorboard: bool = True):
+    os.makedirs(workdir, exist_ok=True)
+    self.workdir = workdir
+    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self.history: List[Dict] = []
+    self._t0 = time.time()
 
-  def write(self, record: Dict[str, Any]) -> None:
-    self.f.write(json.dumps(record) + "\n")
-    self.f.flush()
+  def truncate_phase(self, phase: str, step: int) -> None:
+    """Drops `phase` rows at or after `step` (a resumed run logs those steps again)."""
+    path = os.path.join(self.workdir, "metrics.jsonl")
+    self._jsonl.close()
+    rows = []
+    with open(path) as f:
+      for line in f:
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill
+          continue
+    keep = [r for r in rows if not (r.get("phase") == phase and r.get("step", 0) >= step)]
+    with open(path + ".tmp", "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in keep)
+    os.replace(path + ".tmp", path)
+    self._jsonl = open(path, "a", buffering=1)
+    self.history = keep
+
+  def write(self, step: int, metrics: Dict[str, Any], phase: str = "rl",
+            echo: bool = True) -> None:
+    """One row; `echo`: also print its main values (a console line)."""
+    row = {"step": int(step), "phase": phase, "time": round(time.time() - self._t0, 2)}
+    for k, v in metrics.items():
+      if isinstance(v, (int, float)) and math.isfinite(float(v)):
+        row[k] = float(v)
+      elif isinstance(v, (list, dict, str)):
+        row[k] = v
+    self._jsonl.write(json.dumps(row) + "\n")
+    self.history.append(row)
+    if self._tb is not None:
+      for k, v in row.items():
+        if isinstance(v, float) and k != "time":
+          self._tb.add_scalar(f"{phase}/{k}", v, step)
+    if not echo:
+      return
+    keys = [k for k in _CONSOLE_KEYS if k in row] or [
+        k for k in row if k not in ("step", "phase", "time")]
+    shown = " ".join(f"{k}={row[k]:.4g}" for k in keys if isinstance(row.get(k), float))
+    logging.info("[%s %d] %s", phase, step, shown)
+    print(f"[{phase} {step}] {shown}", flush=True)
+
+  def plot(self, path: Optional[str] = None) -> Optional[str]:
+    """curves.png: one row of panels per training phase (RL phases' reward, solve rate,
+    entropy, ...; SFT's and pretraining's loss)."""
+    panels = []
+    for phase in dict.fromkeys(r.get("phase") for r in self.history):
+      rows = [r for r in self.history if r.get("phase") == phase]
+      keys = [k for k in _PLOT_KEYS if sum(k in r for r in rows) > 1]
+      if keys:
+        panels.append((phase, rows, keys))
+    if not panels:
+      return None
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    width = max(len(keys) for _, _, keys in panels)
+    fig, axes = plt.subplots(len(panels), width, figsize=(3.2 * width, 2.8 * len(panels)),
+                             squeeze=False)
+    for (phase, rows, keys), line in zip(panels, axes):
+      for ax in line[len(keys):]:
+        ax.axis("off")
+      for ax, k in zip(line, keys):
+        xs = [r["step"] for r in rows if k in r]
+        ax.plot(xs, [r[k] for r in rows if k in r], marker=".")
+        ax.set_title(f"{phase}: {k}")
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    path = path or os.path.join(self.workdir, "curves.png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
   def close(self) -> None:
-    self.f.close()
-
-
-def console_line(m: Dict[str, Any]) -> str:
-  keys = ("loss", "reward_mean", "grad_norm", "ratio_mean", "entropy", "learning_rate")
-  if "reward_mean" not in m:  # SFT: no behaviour policy, so no importance ratio
-    keys = tuple(k for k in keys if k != "ratio_mean")
-  parts = [f"step {int(m['step'])}"] + [f"{k} {m[k]:.4g}" for k in keys if k in m]
-  return " | ".join(parts)
+    self.plot()
+    self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
 
 
 def summary(mode: str, start: int, steps: int, history: List[Dict[str, Any]],

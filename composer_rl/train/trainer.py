@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from composer_rl.model import sharding as shd
+from composer_rl.progress import progress
 from composer_rl.sampling.sampler import Sampler, SamplingConfig
 from composer_rl.train import config as config_lib
 from composer_rl.data import packing
@@ -174,20 +175,21 @@ def train(config, workdir: str) -> Dict[str, Any]:
   # Several processes: every one runs the step and writes its checkpoint shards; process 0
   # alone writes the metrics log and the console.
   chief = jax.process_index() == 0
-  log = (metrics_lib.MetricsLog(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
-         if chief else None)
+  log = metrics_lib.MetricsWriter(workdir) if chief else None
+  if log:
+    log.truncate_phase(exp.mode, start + 1)  # rows are numbered by steps done
   t0, history = time.time(), []
-  for step in range(start, c.train.steps):
+  for step in progress(c.train.steps - start, exp.mode, "steps",
+                       iterable=range(start, c.train.steps), disable=not chief):
     batch, info = source.next(state.params, step)
     state, m = step_fn.step(state, step_fn.shard_batch(batch))
     _maybe_stall(step, workdir, ckpt)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
-    m.update(info, step=step + 1, seconds=round(time.time() - t0, 3))
+    m.update(info, seconds=round(time.time() - t0, 3))
     history.append(m)
     if log:
-      log.write(m)
-    if chief and ((step + 1) % c.train.log_every == 0 or step + 1 == c.train.steps):
-      print(metrics_lib.console_line(m), flush=True)
+      log.write(step + 1, m, phase=exp.mode,
+                echo=(step + 1) % c.train.log_every == 0 or step + 1 == c.train.steps)
     if (step + 1) % c.checkpoint.every_steps == 0 or step + 1 == c.train.steps:
       ckpt.save(step + 1, state, source.it.get_state(),
                 ledger={"consumed_batches": step + 1})

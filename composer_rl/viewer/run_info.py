@@ -1,6 +1,6 @@
 """The run-level data of the overview: metrics by step, the summary, the TensorBoard dir.
 
-`W/metrics.jsonl` (controller/metrics.py: MetricsWriter) has one row per (phase, step);
+`W/metrics.jsonl` (train/metrics.py: MetricsWriter) has one row per (phase, step);
 phases of an agent-RL run: 'demos', 'sft', 'eval_sft', 'rl', 'eval_rl'. A resumed run
 truncates and rewrites its RL rows, and a row may be written twice around a crash, so the
 last row of each (phase, step) wins. `W/summary.json` exists once the run has finished.
@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 # RL metrics the overview draws or tabulates (any of them may be missing).
 RL_KEYS = ("reward_mean", "solve_rate", "staleness_mean", "dropped_stale", "skipped_no_signal",
-           "malformed_rate", "trainer_tokens_per_s", "generated_tokens", "step_seconds",
+           "malformed_rate", "trained_tokens_per_s", "generated_tokens", "step_seconds",
            "idle_seconds", "trainer_idle_fraction", "loss", "entropy", "kl_behaviour",
            "ratio_not_one_frac", "clip_frac", "tool_seconds")
 SFT_KEYS = ("loss", "entropy", "grad_norm", "learning_rate")

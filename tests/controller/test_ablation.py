@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from composer_rl.controller import ablation, agent_rl
+from composer_rl.controller import ablation, agent_rl, agent_setup, agent_sft
 from composer_rl.train import checkpoint
 from tests.train import helpers
 
@@ -42,8 +42,8 @@ def test_arm_configs_change_only_the_context_modes():
 
 def _step0_params_digest(c, path):
   arm = ablation.arm_config(c, "compaction", "compaction")
-  s = agent_rl.Setup(arm, str(path / "probe"))
-  params = agent_rl.saved_sft_params(s, agent_rl.make_rl_step(s), str(path))
+  s = agent_setup.Setup(arm, str(path / "probe"))
+  params = agent_sft.saved_sft_params(s, agent_rl.make_rl_step(s), str(path))
   s.metrics.close()
   return checkpoint.digest(params)
 

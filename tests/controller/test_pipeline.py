@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from composer_rl.controller import agent_rl, pipeline
+from composer_rl.controller import agent_sft, pipeline
 from composer_rl.train import config as config_lib
 from composer_rl.train import trainer
 from tests.train import helpers
@@ -21,12 +21,12 @@ def test_pipeline_smoke_chains_the_stages(tmp_path, monkeypatch):
   c = helpers.load_experiment("tiny_pipeline", "smoke")
   c.compare_without_pretraining = False
   seen = {}
-  real_sft = agent_rl.sft_stage
+  real_sft = agent_sft.sft_stage
 
   def spy(s, init_params=None):
     seen["init"] = init_params
     return real_sft(s, init_params)
-  monkeypatch.setattr(agent_rl, "sft_stage", spy)
+  monkeypatch.setattr(agent_sft, "sft_stage", spy)
   out = pipeline.run(c, str(tmp_path))
   assert out["heldout_perplexity_after_cpt"] < out["heldout_perplexity_before_cpt"]
   assert 0.0 <= out["heldout_solve_rate_rl"] <= 1.0 and out["cpt_steps"] == c.pretrain.train.steps

@@ -1,4 +1,5 @@
 """Tool-call parser, tools, and the session object (text in, text out)."""
+import os
 import threading
 
 import pytest
@@ -124,4 +125,7 @@ def test_env_package_does_not_import_jax():
     import subprocess, sys
     code = ("import sys, composer_rl.env, composer_rl.env.tasks.repo_builder, composer_rl.env.cli; "
             "assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules), 'jax imported'")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # A clean environment (what `env -i` gives): no XLA_FLAGS inherited from this process,
+    # so the package's flag setup runs as it does for a user.
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -1,0 +1,115 @@
+"""What the agent-RL stages share, built once from a validated config: the tokenizer and
+chat layout, the train mesh and the inference meshes (`controller.placement`), the engines,
+the environment settings, task lookup, rollout runners and the metrics writer."""
+import dataclasses
+from typing import Dict
+
+import jax
+from flax import nnx
+
+from composer_rl.controller import config as config_lib
+from composer_rl.controller import placement
+from composer_rl.data.byte_tokenizer import ByteTokenizer
+from composer_rl.env.harness import EnvConfig, make_env
+from composer_rl.env.tasks import TASK_SOURCES
+from composer_rl.model import ModelConfig, Transformer, inference_copy, sharding
+from composer_rl.rollout import compaction as compaction_lib
+from composer_rl.rollout.chat import ChatFormat
+from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
+from composer_rl.rollout.summary_judge import SummaryJudgeConfig
+from composer_rl.sampling.engine import Engine
+from composer_rl.train.metrics import MetricsWriter
+
+
+class Setup:
+  """Everything the stages share, built once from the config. `worker=True` is a remote
+  rollout worker's view: no train mesh, one engine over all of its devices."""
+
+  def __init__(self, config, workdir: str, worker: bool = False):
+    config_lib.validate(config, "agent_rl")  # defaults filled in: fields are read directly
+    self.config, self.workdir = config, workdir
+    self.tok = ByteTokenizer()
+    self.chat = ChatFormat(self.tok)
+    self.model_config = ModelConfig(**dict(config.model), vocab_size=self.tok.vocab_size)
+    if worker:
+      inference_meshes = [sharding.make_mesh({"data": -1})]
+      self.mesh, self.shards = None, 1
+    else:
+      if jax.process_count() > 1:
+        raise ValueError(
+            f"agent RL is one controller but this job has {jax.process_count()} processes: "
+            "run it under Pathways (--distributed=pathways) or on one host, with rollouts in "
+            "separate jobs (rl.rollouts='remote', launch/rollout_worker.py)")
+      plan = placement.carve(jax.devices(), config.mesh.train_fraction,
+                             config.mesh.inference_meshes)
+      self.mesh, inference_meshes = plan.train_mesh, plan.inference_meshes
+      self.shards = sharding.num_batch_shards(self.mesh)
+    self.inference_meshes = inference_meshes
+    self._eval_engines: Dict[int, Engine] = {}  # max_seq_len -> a wider-window engine
+    self.env_config = EnvConfig(compact_prompt=True, max_turns=config.env.max_turns,
+                                grade_timeout_s=config.env.grade_timeout_s,
+                                system_prompt=config.env.system_prompt,
+                                tools=tuple(config.env.tools))
+    abstract = nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0)))
+    self.engines = [Engine(abstract, slots=config.rl.slots, prefill_chunk=config.rl.prefill_chunk,
+                           mesh=m) for m in inference_meshes]
+    self.metrics = MetricsWriter(workdir)
+
+  def rows(self, n: int) -> int:
+    """Batch rows for n records: padded up to a multiple of the batch shards."""
+    return -(-n // self.shards) * self.shards
+
+  def task(self, split: str, index: int):
+    return TASK_SOURCES.get(self.config.tasks.family)(split, index, self.config.tasks.seed)
+
+  def sampler_params(self, train_params, engine):
+    """The trainer's params as engine `engine` (an index or an `Engine`) computes with
+    them: compute-dtype copies, moved (resharded) onto its inference mesh."""
+    eng = self.engines[engine] if isinstance(engine, int) else engine
+    return eng.place(inference_copy(train_params, self.model_config))
+
+  def eval_engine(self, max_seq_len: int = 0) -> Engine:
+    """The engine evaluation samples with: engine 0, or (for a `max_seq_len` other than
+    the model's) an engine over the same parameters with a longer KV cache, built once."""
+    if not max_seq_len or max_seq_len == self.model_config.max_seq_len:
+      return self.engines[0]
+    if max_seq_len not in self._eval_engines:
+      mc = self.model_config.replace(max_seq_len=int(max_seq_len))
+      abstract = nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0)))
+      self._eval_engines[max_seq_len] = Engine(
+          abstract, slots=self.config.rl.slots, prefill_chunk=self.config.rl.prefill_chunk,
+          mesh=self.inference_meshes[0])
+    return self._eval_engines[max_seq_len]
+
+  @property
+  def summary_judge(self) -> SummaryJudgeConfig:
+    """`config.rl.summary_judge` (empty = off)."""
+    return SummaryJudgeConfig(**self.config.rl.summary_judge.to_dict())
+
+  def compaction(self, mode: str = "") -> compaction_lib.CompactionConfig:
+    """`config.rl.compaction` as a `CompactionConfig` (empty = disabled); `mode` other
+    than '' replaces its mode (and enables it unless 'none')."""
+    cfg = compaction_lib.CompactionConfig(**self.config.rl.compaction.to_dict())
+    if mode:
+      cfg = dataclasses.replace(cfg, mode=mode, enabled=cfg.enabled or mode != "none")
+    return cfg
+
+  def rollout_config(self, greedy: bool, seed: int, context_mode: str = "") -> RolloutConfig:
+    c = self.config.rl
+    return RolloutConfig(max_turns=self.config.env.max_turns, max_turn_tokens=c.max_turn_tokens,
+                         temperature=1.0 if greedy else c.temperature,
+                         top_k=1 if greedy else c.top_k, top_p=1.0 if greedy else c.top_p,
+                         seed=seed, tool_workers=c.tool_workers,
+                         decode_steps=c.decode_steps,
+                         compaction=self.compaction(context_mode),
+                         # RL only: evaluation reports the task reward.
+                         summary_judge=SummaryJudgeConfig() if greedy else self.summary_judge)
+
+  def runner(self, params, version: int, greedy: bool, seed: int, engine=0,
+             context_mode: str = "") -> RolloutRunner:
+    eng = self.engines[engine] if isinstance(engine, int) else engine
+    return RolloutRunner(eng, self.chat, self.rollout_config(greedy, seed, context_mode),
+                         self.sampler_params(params, eng), version)
+
+  def train_env(self, task_index: int):
+    return make_env(self.task("train", task_index), self.env_config)
