@@ -2,7 +2,7 @@
 
 `progress(total, desc)` is a `tqdm` bar on stderr. In a terminal it redraws one line; when
 stderr is a file or a pipe (a cluster log), each update is its own line, at most one every
-`log_interval_s` seconds (30 by default; the env var COMPOSER_RL_PROGRESS_S overrides it),
+30 seconds (the env var COMPOSER_RL_PROGRESS_S sets another interval),
 plus the first and the last:
 
   demonstrations:  45%|####5     | 900/2000 [00:30<00:37, 29.51 sessions/s]
@@ -16,17 +16,25 @@ from typing import Iterable, Optional
 import tqdm
 
 
+# No monitor thread: it re-prints a stalled bar with a stale rate, which in a log file is a
+# misleading extra line; bars update when work is done.
+tqdm.tqdm.monitor_interval = 0
+
+
 class _Lines:
   """A text stream for tqdm that ends each update with a newline (log files keep every
   update readable instead of a run of carriage returns)."""
 
   def __init__(self, stream):
     self._stream = stream
+    self._last = ""
 
   def write(self, text: str) -> None:
     text = text.replace("\r", "").replace("\x1b[A", "").strip()
-    if text:
+    head = text.split("[")[0]  # the count: a line that adds none (a close) is not repeated
+    if text and head != self._last:
       self._stream.write(text + "\n")
+      self._last = head
 
   def flush(self) -> None:
     self._stream.flush()
@@ -50,6 +58,6 @@ def progress(total: Optional[int] = None, desc: str = "", unit: str = "it",
   tty = hasattr(stream, "isatty") and stream.isatty()
   return tqdm.tqdm(iterable, total=total, desc=desc, unit=" " + unit if unit else "it",
                    file=stream if tty else _Lines(stream), ascii=not tty,
-                   mininterval=0.5 if tty else _interval(), maxinterval=max(_interval(), 10),
+                   mininterval=0.5 if tty else _interval(),
                    dynamic_ncols=tty, ncols=None if tty else 100, disable=disabled,
                    leave=True, smoothing=0.1)
