@@ -40,8 +40,13 @@ def _serve_settings():
   return ServeSettings
 
 
+def _context_modes():
+  from composer_rl.rollout.compaction import CONTEXT_MODES  # pylint: disable=g-import-not-at-top
+  return CONTEXT_MODES
+
+
 POS, NONNEG = dict(min=1), dict(min=0)
-_CONTEXT_MODES = ("", "none", "compaction", "truncation")
+
 
 def _policy_update(advantage: str, learning_rate: float, temperature_doc: str):
   """The fields of an RL update (agent RL's `rl`, online RL's `online`)."""
@@ -122,7 +127,7 @@ AGENT_RL = Section(dict(
     eval=Section(dict(
         num_heldout=Field(200, int, "held-out tasks of the greedy evaluations", **NONNEG),
         context_mode=Field("", str, "evaluation's context mode ('' = as in RL)",
-                           choices=_CONTEXT_MODES),
+                           choices=lambda: ("",) + tuple(_context_modes())),
         full_window_max_seq_len=Field(0, int, "also evaluate with this window (0 = off)",
                                       **NONNEG))),
 ))
@@ -134,9 +139,9 @@ def _check_arms(arms) -> None:
                       f"{arms!r}")
   for name, modes in arms.items():
     modes = tuple(modes) if isinstance(modes, (list, tuple)) else (modes,)
-    if len(modes) != 2 or any(m not in _CONTEXT_MODES[1:] for m in modes):
+    if len(modes) != 2 or any(m not in _context_modes() for m in modes):
       raise ConfigError(f"config.arms.{name}: expected [rl mode, eval mode] from "
-                        f"{list(_CONTEXT_MODES[1:])}, got {modes!r}")
+                        f"{list(_context_modes())}, got {modes!r}")
 
 
 ONLINE_RL = Section(dict(
