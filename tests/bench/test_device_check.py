@@ -111,6 +111,7 @@ def test_crashed_part_is_recorded_and_report_goes_to_out_dir(tmp_path):
   assert json.loads((tmp_path / "outdir" / "device_check.json").read_text()) == report
 
 
+@pytest.mark.slow  # ~200 s on one CI worker; the default suite must stay under 20 min
 def test_cpu_dry_run_end_to_end(tmp_path):
   proc, report = _launch(["--scale=tiny", "--budget_s=900", f"--out={tmp_path / 'r.json'}"],
                          tmp_path, timeout=1000)
