@@ -62,9 +62,6 @@ class Section:
   doc: str = ""
 
 
-Schema = Section
-
-
 def _type_ok(value, kind) -> bool:
   if kind is int:
     return isinstance(value, int) and not isinstance(value, bool)

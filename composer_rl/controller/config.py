@@ -9,7 +9,8 @@ alone: `composer_rl.train.config.build`).
 """
 from typing import Optional
 
-from composer_rl.config import ConfigError, Dataclass, Field, Free, Section, validate as _validate
+from composer_rl.config import ConfigError, Dataclass, Field, Free, Section, describe
+from composer_rl.config import validate as _validate
 
 
 def _names(module: str, attr: str):
@@ -183,7 +184,6 @@ def main(argv) -> None:
   """python -m composer_rl.controller.config --kind=agent_rl: each field, default, meaning."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   del argv
-  from composer_rl.config import describe  # pylint: disable=g-import-not-at-top
   for path, text in describe(SCHEMAS[flags.FLAGS.kind]).items():
     print(f"{path} = {text}")
 

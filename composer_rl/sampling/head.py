@@ -116,7 +116,7 @@ def _head(logits_fn, top, with_entropy, args):
                     lambda: jnp.argmax(shifted, axis=-1).astype(jnp.int32))
 
   sampled = lax.cond(jnp.any(noisy), lambda: with_noise().astype(jnp.int32), without_noise)
-  tokens = jnp.where(targets >= 0, targets, sampled.astype(jnp.int32))
+  tokens = jnp.where(targets >= 0, targets, sampled)
   # The token's log-prob, the same arithmetic as element `tokens` of the full log-softmax.
   logprob = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0] - lse
   zeros = jnp.zeros(z.shape[:1], F32)
