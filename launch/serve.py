@@ -12,7 +12,7 @@ Binds to 127.0.0.1 unless told otherwise; a non-loopback address needs --api_key
 explicit --allow_unauthenticated. --port=0 picks a free port. When the server accepts
 requests it prints one line `composer_rl serve: ready at http://HOST:PORT/v1 ...`.
 SIGTERM (or Ctrl-C) stops accepting, finishes in-flight requests, closes the record log.
-Settings: the config's `serve` section (`composer_rl.serving.service.ServeSettings`).
+Settings: the config's `serve` section (`composer_rl.serving.settings.ServeSettings`).
 """
 import ipaddress
 import os
@@ -82,7 +82,7 @@ def main(argv):
   from composer_rl.serving.app import AppSettings, create_app  # pylint: disable=g-import-not-at-top
   from composer_rl.serving.auth import KeyRing  # pylint: disable=g-import-not-at-top
   from composer_rl.serving.loading import build_service, resolve_records_dir  # pylint: disable=g-import-not-at-top
-  from composer_rl.serving.service import ServeSettings  # pylint: disable=g-import-not-at-top
+  from composer_rl.serving.settings import ServeSettings  # pylint: disable=g-import-not-at-top
 
   keys = None
   if _KEYS.value:

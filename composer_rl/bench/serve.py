@@ -28,7 +28,7 @@ import numpy as np
 
 from composer_rl.serving import loading
 from composer_rl.serving.generator import SamplingParams
-from composer_rl.serving.service import ServeSettings
+from composer_rl.serving.settings import ServeSettings
 from composer_rl.serving.threaded import ThreadedServer
 
 PROMPT = "Which function does this code define?\ndef count_rows(a, b):\n    return a * b + {}"

@@ -93,10 +93,3 @@ def initialize(spec: DistributedSpec) -> Dict[str, int]:
   MODES[spec.mode](spec)
   return dict(process_index=jax.process_index(), process_count=jax.process_count(),
               local_devices=jax.local_device_count(), devices=jax.device_count())
-
-
-def is_chief() -> bool:
-  """Process 0 writes the files every process would otherwise write identically (metrics
-  log, console lines, exports); array data is written by every process (Orbax)."""
-  return jax.process_index() == 0
-

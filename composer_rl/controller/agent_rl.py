@@ -26,7 +26,6 @@ import os
 import time
 from typing import Dict, List
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -36,11 +35,9 @@ from composer_rl.controller.agent_setup import Setup
 from composer_rl.controller.remote_rollouts import RemoteRollouts
 from composer_rl.controller.rollout_factory import Group, Ledger, RolloutFactory
 from composer_rl.model import inference_copy
-from composer_rl.progress import progress
 from composer_rl.rollout.compaction import expand_segments
 from composer_rl.train import advantages as adv_lib
-from composer_rl.train import losses
-from composer_rl.train.batch import build_batch
+from composer_rl.train import loop, losses, stages
 from composer_rl.train.checkpoint import Checkpointer
 from composer_rl.train.optimizer import OptimizerConfig
 from composer_rl.train.train_step import TrainConfig, make_train_step
@@ -63,7 +60,7 @@ def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict, version: 
                                            / max(t.turns, 1) for t in trajs])),
              tool_seconds=float(np.mean([t.metrics.get("tool_seconds", 0.0) for t in trajs])),
              generated_tokens=float(sum(t.num_generated for t in trajs)),
-             trained_tokens=0.0, **context_stats(trajs))
+             trained_tokens=0.0, **context_stats(trajs))  # (an update sets trained_tokens)
   judged = [t.metrics["summary_judge_score"] for t in trajs if "summary_judge_score" in t.metrics]
   if judged:  # the auxiliary summary reward (rollout.summary_judge), when on
     out["summary_judge_score"] = float(np.mean(judged))
@@ -77,13 +74,10 @@ def _train_on(s: Setup, step, state, groups: List[Group], stats: Dict, version: 
   # this is one row per session, as before. Rows are padded to a multiple of the usual
   # count, so the step's shape (and its compiled program) changes only when needed.
   records, row_adv = expand_segments(trajs, adv)
-  base = c.groups_per_step * c.group_size
-  batch = build_batch(records, s.model_config.max_seq_len,
-                      num_rows=s.rows(-(-len(records) // base) * base), advantages=row_adv,
-                      temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
-  state, m = step.step(state, step.shard_batch(batch))
-  out.update({k: float(v) for k, v in jax.device_get(m).items()})
-  out["trained_tokens"] = float(sum(len(t.tokens) for t in trajs))  # forward+backward
+  state, m = stages.rl_update(step, state, records, row_adv, temperature=c.temperature,
+                              top_k=c.top_k, top_p=c.top_p,
+                              row_multiple=c.groups_per_step * c.group_size)
+  out.update(m)
   return state, out
 
 
@@ -147,41 +141,49 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
   max_outstanding = (c.max_staleness + 1) * c.groups_per_step
   factory = ROLLOUT_SOURCES[c.rollouts](s, state, next_group, ledger, max_outstanding)
   timing = book.setdefault("timing", dict(idle=0.0, busy=0.0))
-  trained_tokens = 0.0
   if c.mode == "async":
     factory.start()
+  trained = [0.0]  # tokens through forward and backward, this run
+
+  def fetch(k, state):
+    t0 = time.time()
+    if c.mode == "async":
+      groups = [factory.get() for _ in range(c.groups_per_step)]
+    else:
+      groups = factory.collect(c.groups_per_step)
+    return groups, t0, time.time()
+
+  def update(k, state, item):
+    groups, t0, t1 = item
+    stats: Dict = {}
+    write_rollouts(s, f"rl_step_{k:05d}", [t for g in groups for t in g.trajectories])
+    version = factory.version  # the policy version these groups are measured against
+    t_step = time.time()
+    state, m = _train_on(s, step, state, groups, stats, version)
+    t_step = time.time() - t_step
+    if int(state.step) != k + 1:  # a skipped update still counts: step == RL steps done
+      state = state.replace(step=jnp.int32(k + 1))
+    factory.set_params(state.params, k + 1)
+    t2 = time.time()
+    stale = [g.group_id for g in groups if version - g.min_version > c.max_staleness]
+    factory.record([g.group_id for g in groups if g.group_id not in stale], stale)
+    trained[0] += m.get("trained_tokens", 0.0)
+    timing["idle"] += t1 - t0
+    timing["busy"] += t2 - t1
+    m.update(stats, trainer_idle_fraction=timing["idle"] / max(sum(timing.values()), 1e-9),
+             step_seconds=t2 - t0, idle_seconds=t1 - t0,
+             train_step_seconds=t_step,
+             # tokens the loss trained on per second of the train step alone
+             trained_tokens_per_s=m.get("trained_tokens", 0.0) / max(t_step, 1e-9))
+    return state, m
+
+  def save(done, state):
+    book["rollouts"] = factory.ledger_json()
+    ckpt.save(done, state, ledger=book)
   try:
-    for k in progress(c.steps - start, "RL", "steps", iterable=range(start, c.steps)):
-      t0 = time.time()
-      if c.mode == "async":
-        groups = [factory.get() for _ in range(c.groups_per_step)]
-      else:
-        groups = factory.collect(c.groups_per_step)
-      t1 = time.time()
-      stats: Dict = {}
-      write_rollouts(s, f"rl_step_{k:05d}", [t for g in groups for t in g.trajectories])
-      version = factory.version  # the policy version these groups are measured against
-      t_step = time.time()
-      state, m = _train_on(s, step, state, groups, stats, version)
-      t_step = time.time() - t_step
-      if int(state.step) != k + 1:  # a skipped update still counts: step == RL steps done
-        state = state.replace(step=jnp.int32(k + 1))
-      factory.set_params(state.params, k + 1)
-      t2 = time.time()
-      stale = [g.group_id for g in groups if version - g.min_version > c.max_staleness]
-      factory.record([g.group_id for g in groups if g.group_id not in stale], stale)
-      trained_tokens += m.get("trained_tokens", 0.0)
-      timing["idle"] += t1 - t0
-      timing["busy"] += t2 - t1
-      m.update(stats, trainer_idle_fraction=timing["idle"] / max(sum(timing.values()), 1e-9),
-               step_seconds=t2 - t0, idle_seconds=t1 - t0,
-               train_step_seconds=t_step,
-               # tokens the loss trained on per second of the train step alone
-               trained_tokens_per_s=m.get("trained_tokens", 0.0) / max(t_step, 1e-9))
-      s.metrics.write(k, m, phase="rl")
-      if (k + 1) % c.checkpoint_every == 0 or k + 1 == c.steps:
-        book["rollouts"] = factory.ledger_json()
-        ckpt.save(k + 1, state, ledger=book)
+    state, _ = loop.run(state, start=start, steps=c.steps, phase="rl", label="RL",
+                        fetch=fetch, update=update, metrics=s.metrics, save=save,
+                        checkpoint_every=c.checkpoint_every)
   finally:
     factory.stop()
   if c.steps > start:
@@ -190,7 +192,7 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
   return state, dict(trainer_idle_fraction=timing["idle"] / total,
                      rl_steps_per_hour=(c.steps - start) / max(total, 1e-9) * 3600
                      if start < c.steps else 0.0,
-                     train_seconds_per_token=timing["busy"] / max(trained_tokens, 1.0),
+                     train_seconds_per_token=timing["busy"] / max(trained[0], 1.0),
                      groups_consumed=len(ledger.consumed),
                      groups_dropped_stale=len(ledger.dropped_stale),
                      sampler_stats=factory.stats())

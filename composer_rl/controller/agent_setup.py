@@ -33,7 +33,7 @@ class Setup:
     self.model_config = ModelConfig(**dict(config.model), vocab_size=self.tok.vocab_size)
     if worker:
       inference_meshes = [sharding.make_mesh({"data": -1})]
-      self.mesh, self.shards = None, 1
+      self.mesh = None
     else:
       if jax.process_count() > 1:
         raise ValueError(
@@ -43,7 +43,6 @@ class Setup:
       plan = placement.carve(jax.devices(), config.mesh.train_fraction,
                              config.mesh.inference_meshes)
       self.mesh, inference_meshes = plan.train_mesh, plan.inference_meshes
-      self.shards = sharding.num_batch_shards(self.mesh)
     self.inference_meshes = inference_meshes
     self._eval_engines: Dict[int, Engine] = {}  # max_seq_len -> a wider-window engine
     self.env_config = EnvConfig(compact_prompt=True, max_turns=config.env.max_turns,
@@ -54,10 +53,6 @@ class Setup:
     self.engines = [Engine(abstract, slots=config.rl.slots, prefill_chunk=config.rl.prefill_chunk,
                            mesh=m) for m in inference_meshes]
     self.metrics = MetricsWriter(workdir)
-
-  def rows(self, n: int) -> int:
-    """Batch rows for n records: padded up to a multiple of the batch shards."""
-    return -(-n // self.shards) * self.shards
 
   def task(self, split: str, index: int):
     return TASK_SOURCES.get(self.config.tasks.family)(split, index, self.config.tasks.seed)

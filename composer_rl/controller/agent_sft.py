@@ -8,7 +8,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import List
 
-import jax
 import numpy as np
 
 from composer_rl.controller.agent_setup import Setup
@@ -19,10 +18,8 @@ from composer_rl.progress import progress
 from composer_rl.rollout import compaction as compaction_lib
 from composer_rl.rollout.scripted import scripted_trajectory
 from composer_rl.rollout.session import Trajectory
-from composer_rl.train.batch import build_batch
+from composer_rl.train import stages
 from composer_rl.train.checkpoint import Checkpointer
-from composer_rl.train.optimizer import OptimizerConfig
-from composer_rl.train.sft import make_sft_step
 
 
 def demonstrations(s: Setup) -> List[Trajectory]:
@@ -89,10 +86,6 @@ def sft_stage(s: Setup, init_params=None):
     # A bad kind, argument or row length fails here, before any demonstration is made.
     copy_curriculum.copy_records(np.random.default_rng(0), s.tok, 1,
                                  s.model_config.max_seq_len, copy_kind, **copy_args)
-  step = make_sft_step(s.model_config, OptimizerConfig(
-      learning_rate=c.learning_rate, warmup_steps=c.warmup_steps, total_steps=c.steps),
-      s.mesh)
-  state = step.init_state(s.config.seed, params=init_params)
   demos = demonstrations(s)
   s.metrics.write(0, dict(demos=len(demos), demo_reward=float(np.mean([d.reward for d in demos]))),
                   phase="demos")
@@ -101,17 +94,17 @@ def sft_stage(s: Setup, init_params=None):
   rows = [r for d in demos for r in compaction_lib.segment_records(d)]
   rng = np.random.default_rng(s.config.seed)
   copy_rng = np.random.default_rng([s.config.seed, 1])
-  for k in progress(c.steps, "SFT", "steps", iterable=range(c.steps)):
+
+  def sample(k):
     n_demo = 0 if k < n_copy_only else c.batch_size - n_copy
     pick = rng.choice(len(rows), n_demo, replace=len(rows) < n_demo)
-    recs = [rows[i] for i in pick] + copy_curriculum.copy_records(
+    return [rows[i] for i in pick] + copy_curriculum.copy_records(
         copy_rng, s.tok, c.batch_size - n_demo, s.model_config.max_seq_len, copy_kind,
         **copy_args)
-    batch = build_batch(recs, s.model_config.max_seq_len, num_rows=s.rows(c.batch_size))
-    state, m = step.step(state, step.shard_batch(batch))
-    if k % c.log_every == 0 or k == c.steps - 1:
-      s.metrics.write(k, {k2: float(v) for k2, v in jax.device_get(m).items()}, phase="sft")
-  return state
+  return stages.sft_stage(s.model_config, s.mesh, learning_rate=c.learning_rate,
+                          warmup_steps=c.warmup_steps, steps=c.steps,
+                          batch_size=c.batch_size, sample=sample, metrics=s.metrics,
+                          log_every=c.log_every, seed=s.config.seed, init_params=init_params)
 
 
 def saved_sft_params(s: Setup, step, workdir: str):

@@ -37,7 +37,7 @@ def _judge_config():
 
 
 def _serve_settings():
-  from composer_rl.serving.service import ServeSettings  # pylint: disable=g-import-not-at-top
+  from composer_rl.serving.settings import ServeSettings  # pylint: disable=g-import-not-at-top
   return ServeSettings
 
 

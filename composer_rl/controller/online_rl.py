@@ -30,30 +30,26 @@ import sys
 import time
 from typing import Dict, List
 
-import jax
 import numpy as np
 from flax import nnx
 
 from composer_rl.controller import config as config_lib
-from composer_rl.train.metrics import MetricsWriter
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.model import Transformer, inference_copy, sharding
 from composer_rl.online import ingest, tasks as tasks_lib
-from composer_rl.progress import progress
 from composer_rl.online.scripted_user import __file__ as USER_SCRIPT
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.sampling.engine import Engine
 from composer_rl.serving import loading
-from composer_rl.serving.service import ServeSettings
+from composer_rl.serving.settings import ServeSettings
 from composer_rl.serving.threaded import ThreadedServer
 from composer_rl.sync.publisher import WeightPublisher
 from composer_rl.train import advantages as adv_lib
-from composer_rl.train import losses
-from composer_rl.train.batch import build_batch
+from composer_rl.train import loop, losses, stages
 from composer_rl.train.checkpoint import Checkpointer
+from composer_rl.train.metrics import MetricsWriter
 from composer_rl.train.optimizer import OptimizerConfig
-from composer_rl.train.sft import make_sft_step
 from composer_rl.train.train_step import TrainConfig, make_train_step
 
 
@@ -72,20 +68,13 @@ def demonstrations(config, chat: ChatFormat, system: str) -> List[Dict]:
 
 def sft_stage(config, mc, mesh, chat: ChatFormat, system: str, metrics: MetricsWriter):
   c = config.sft
-  step = make_sft_step(mc, OptimizerConfig(learning_rate=c.learning_rate,
-                                           warmup_steps=c.warmup_steps, total_steps=c.steps),
-                       mesh)
-  state = step.init_state(config.seed)
   rows = demonstrations(config, chat, system)
   rng = np.random.default_rng(config.seed)
-  for k in progress(c.steps, "SFT", "steps", iterable=range(c.steps)):
-    pick = rng.choice(len(rows), c.batch_size, replace=False)
-    batch = build_batch([rows[i] for i in pick], mc.max_seq_len,
-                        num_rows=-(-c.batch_size // step.num_shards) * step.num_shards)
-    state, m = step.step(state, step.shard_batch(batch))
-    if k % c.log_every == 0 or k == c.steps - 1:
-      metrics.write(k, {n: float(v) for n, v in jax.device_get(m).items()}, phase="sft")
-  return state.params
+  return stages.sft_stage(
+      mc, mesh, learning_rate=c.learning_rate, warmup_steps=c.warmup_steps, steps=c.steps,
+      batch_size=c.batch_size, metrics=metrics, log_every=c.log_every, seed=config.seed,
+      sample=lambda k: [rows[i] for i in rng.choice(len(rows), c.batch_size, replace=False)]
+  ).params
 
 
 def _user(base_url: str, model: str, tasks_path: str, out: str, **flags) -> subprocess.Popen:
@@ -126,18 +115,14 @@ def _simulated(config, engine: Engine, chat, system, params, mc, count: int, ste
   return runner.run(jobs[:count])
 
 
-def _train_step(config, step, state, trajs, mc):
+def _train_step(config, step, state, trajs):
   """One update on online (and simulated) sessions; returns (state, metrics)."""
   c = config.online
   rewards = np.asarray([t.reward for t in trajs], np.float32)
   # Online sessions share one baseline (their batch); simulated ones their own groups.
   gids = np.asarray([-1 if t.metrics.get("online") else t.group_id for t in trajs])
-  adv = np.asarray(adv_lib.compute_advantages(c.advantage, rewards, gids))
-  rows = -(-len(trajs) // step.num_shards) * step.num_shards
-  batch = build_batch(trajs, mc.max_seq_len, num_rows=rows, advantages=adv,
-                      temperature=c.temperature)
-  state, m = step.step(state, step.shard_batch(batch))
-  return state, {n: float(v) for n, v in jax.device_get(m).items()}
+  adv = adv_lib.compute_advantages(c.advantage, rewards, gids)
+  return stages.rl_update(step, state, trajs, adv, temperature=c.temperature)
 
 
 def run(config, workdir: str) -> Dict:
@@ -208,37 +193,44 @@ def run(config, workdir: str) -> Dict:
     consumed = set(book["consumed"])
     n_sim = int(round(c.batch_size * c.sim_fraction))
     n_online = c.batch_size - n_sim
-    for k in progress(c.steps - start, "online RL", "steps", iterable=range(start, c.steps)):
+    published = [version]  # the last published weights version
+
+    def fetch(k, state):
       t0 = time.time()
       while True:  # the trainer waits only for enough fresh sessions
-        src = ingest.OnlineSessionSource(records_dir, spec, limits, current_version=version)
+        src = ingest.OnlineSessionSource(records_dir, spec, limits,
+                                         current_version=published[0])
         fresh = [src[i] for i in range(len(src)) if src[i].session_id not in consumed]
         if len(fresh) >= n_online:
-          break
+          # The newest sessions: the least stale (older ones age out by max_online_staleness).
+          return fresh[-n_online:], src.stats, t0, time.time() - t0
         if user.poll() is not None:
           raise RuntimeError(f"the scripted user exited ({user.returncode}) during training")
         time.sleep(0.2)
-      wait_s = time.time() - t0
-      # The newest sessions: the least stale (older ones age out by max_online_staleness).
-      online = fresh[-n_online:]
+
+    def update(k, state, item):
+      online, ingest_stats, t0, wait_s = item
       sim = (_simulated(config, sim_engine, chat, system, state.params, mc, n_sim, k)
              if n_sim else [])
-      state, out = _train_step(config, step, state, online + sim, mc)
-      version = publish(state.params)
+      state, out = _train_step(config, step, state, online + sim)
+      published[0] = publish(state.params)
       consumed.update(t.session_id for t in online)
       book["consumed"] = sorted(consumed)
-      ckpt.save(k + 1, state, ledger=book)
       out.update(
           accepted_rate_online=float(np.mean([t.reward > 0 for t in online])),
           reward_online=float(np.mean([t.reward for t in online])),
           reward_sim=float(np.mean([t.reward for t in sim])) if sim else 0.0,
           version_lag_mean=float(np.mean([t.metrics["version_lag"] for t in online])),
           version_lag_max=float(max(t.metrics["version_lag"] for t in online)),
-          wait_seconds=wait_s, step_seconds=time.time() - t0, version=float(version),
-          **{f"ingest_{n}": float(v) for n, v in src.stats.items()})
-      metrics.write(k, out, phase="online")
+          wait_seconds=wait_s, step_seconds=time.time() - t0, version=float(published[0]),
+          **{f"ingest_{n}": float(v) for n, v in ingest_stats.items()})
       print(f"composer_rl online: step {k} accepted {out['accepted_rate_online']:.2f} "
             f"lag {out['version_lag_mean']:.1f} wait {wait_s:.1f}s", flush=True)
+      return state, out
+    state, _ = loop.run(state, start=start, steps=c.steps, phase="online", label="online RL",
+                        fetch=fetch, update=update, metrics=metrics,
+                        save=lambda done, state: ckpt.save(done, state, ledger=book))
+    version = published[0]
     open(stop_file, "w").close()
     if user.wait(timeout=600) != 0:
       raise RuntimeError(f"the scripted user failed (exit {user.returncode})")

@@ -1,5 +1,7 @@
 """Hugging Face Qwen3 / Qwen3-MoE checkpoints <-> composer_rl parameters, streamed.
 
+The `config.json` side is `composer_rl.model.hf_config`; its names are part of this API.
+
 Users start RL from an open checkpoint and serve the result elsewhere, so this module maps
 both ways between a Hugging Face directory (`config.json` + `model.safetensors` or sharded
 `model-*.safetensors` with `model.safetensors.index.json`) and the parameter tree of
@@ -46,118 +48,19 @@ import numpy as np
 from flax import nnx
 
 from composer_rl.model.config import ModelConfig
+from composer_rl.model.hf_config import (  # noqa: F401  (part of this module's API)
+    ARCHITECTURES, config_from_hf, config_to_hf, moe_layers_from_hf)
 from composer_rl.model.safetensors_io import (  # noqa: F401  (part of this module's API)
     INDEX_FILE, NAME_TO_NP, SINGLE_FILE, ConversionError, SafetensorsReader,
     write_safetensors)
 from composer_rl.model.transformer import Transformer
 
-ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 # Files of a converted checkpoint directory.
 PARAMS_DIR, MODEL_CONFIG_FILE, HF_CONFIG_FILE = "params", "model_config.json", "hf_config.json"
 HF_FILES_DIR = "hf_files"  # the source's tokenizer and generation files, copied back on export
 HF_EXTRA_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
                   "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
                   "chat_template.jinja")
-
-
-# ---- config.json <-> ModelConfig ------------------------------------------------------
-def _rope_theta(hf: Dict[str, Any]) -> float:
-  rope = hf.get("rope_parameters") or {}
-  scaling = hf.get("rope_scaling") or {}
-  for r in (rope, scaling):
-    kind = r.get("rope_type", r.get("type", "default"))
-    if kind not in ("default", None):
-      raise ConversionError(f"config.json: RoPE scaling {kind!r} is not supported (composer_rl "
-                            "implements plain RoPE only)")
-  theta = rope.get("rope_theta", hf.get("rope_theta"))
-  if theta is None:
-    raise ConversionError("config.json: no rope_theta (nor rope_parameters.rope_theta)")
-  return float(theta)
-
-
-def moe_layers_from_hf(hf: Dict[str, Any]) -> Tuple[int, ...]:
-  """Indices of MoE layers: Qwen3-MoE's `decoder_sparse_step` / `mlp_only_layers` rule."""
-  n, step = int(hf["num_hidden_layers"]), int(hf.get("decoder_sparse_step", 1))
-  only_mlp = set(hf.get("mlp_only_layers") or ())
-  return tuple(i for i in range(n) if i not in only_mlp and (i + 1) % step == 0)
-
-
-def config_from_hf(hf: Dict[str, Any], **overrides) -> ModelConfig:
-  """`ModelConfig` of a Qwen3 / Qwen3-MoE `config.json` dict; `overrides` set the fields HF
-  does not determine (compute_dtype, row_tile, max_seq_len = KV cache length, ...)."""
-  kind = hf.get("model_type")
-  if kind not in ARCHITECTURES:
-    raise ConversionError(f"config.json: unsupported architecture model_type={kind!r} "
-                          f"(architectures={hf.get('architectures')}); supported: "
-                          f"{sorted(ARCHITECTURES)}")
-  need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-          "intermediate_size", "rms_norm_eps")
-  missing = [k for k in need if k not in hf]
-  if missing:
-    raise ConversionError(f"config.json: missing field(s) {missing}")
-  if hf.get("attention_bias"):
-    raise ConversionError("config.json: attention_bias=true is not supported (no biases)")
-  if hf.get("hidden_act", "silu") != "silu":
-    raise ConversionError(f"config.json: hidden_act={hf['hidden_act']!r}; only 'silu'")
-  if hf.get("use_sliding_window"):
-    raise ConversionError("config.json: use_sliding_window=true is not supported")
-  heads = int(hf["num_attention_heads"])
-  kw = dict(vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]),
-            num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
-            d_ff=int(hf["intermediate_size"]),
-            max_seq_len=int(hf.get("max_position_embeddings", 4096)),
-            rope_theta=_rope_theta(hf), norm_eps=float(hf["rms_norm_eps"]), qk_norm=True,
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
-  experts = int(hf.get("num_experts", hf.get("num_local_experts", 0)) or 0)
-  if kind == "qwen3_moe" and experts:
-    layers = moe_layers_from_hf(hf)
-    kw.update(num_experts=experts, experts_per_token=int(hf["num_experts_per_tok"]),
-              moe_d_ff=int(hf["moe_intermediate_size"]),
-              moe_layers=None if len(layers) == kw["num_layers"] else layers,
-              norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
-    if "router_aux_loss_coef" in hf:
-      kw["router_aux_loss_coef"] = float(hf["router_aux_loss_coef"])
-  kw.update(overrides)
-  try:
-    return ModelConfig(**kw)
-  except (TypeError, ValueError) as e:
-    raise ConversionError(f"config.json does not make a valid ModelConfig: {e}") from None
-
-
-def config_to_hf(cfg: ModelConfig, base: Optional[Dict[str, Any]] = None,
-                 dtype: str = "bfloat16") -> Dict[str, Any]:
-  """`config.json` for `cfg`: `base` (e.g. the imported checkpoint's own config.json, so
-  token ids and other serving fields survive) with every field the model determines set."""
-  hf = dict(base or {})
-  moe = cfg.num_experts > 0 and cfg.num_moe_layers > 0
-  kind = "qwen3_moe" if moe else "qwen3"
-  if hf.get("model_type") not in (None, kind):
-    hf = {k: v for k, v in hf.items() if k not in (
-        "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-        "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "output_router_logits",
-        "router_aux_loss_coef", "layer_types", "max_window_layers")}
-  hf.update(architectures=[ARCHITECTURES[kind]], model_type=kind, vocab_size=cfg.vocab_size,
-            hidden_size=cfg.d_model, num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim, intermediate_size=cfg.d_ff, rms_norm_eps=cfg.norm_eps,
-            tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, hidden_act="silu")
-  hf.setdefault("max_position_embeddings", cfg.max_seq_len)
-  if isinstance(hf.get("rope_parameters"), dict):
-    hf["rope_parameters"] = dict(hf["rope_parameters"], rope_theta=cfg.rope_theta)
-  else:
-    hf["rope_theta"] = cfg.rope_theta
-  hf["dtype" if "dtype" in hf else "torch_dtype"] = dtype
-  if moe:
-    layers = tuple(i for i in range(cfg.num_layers) if cfg.is_moe_layer(i))
-    if "decoder_sparse_step" not in hf or moe_layers_from_hf(hf) != layers:
-      hf["decoder_sparse_step"] = 1
-      hf["mlp_only_layers"] = [i for i in range(cfg.num_layers) if i not in layers]
-    hf["num_local_experts" if "num_local_experts" in hf else "num_experts"] = cfg.num_experts
-    hf.update(num_experts_per_tok=cfg.experts_per_token, moe_intermediate_size=cfg.moe_d_ff,
-              norm_topk_prob=cfg.norm_topk_prob, router_aux_loss_coef=cfg.router_aux_loss_coef)
-  return hf
 
 
 # ---- safetensors, one tensor at a time ------------------------------------------------

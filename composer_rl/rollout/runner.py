@@ -29,13 +29,12 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-import numpy as np
-
 from composer_rl.rollout import compaction as compaction_lib
 from composer_rl.rollout.chat import ChatFormat
 from composer_rl.rollout.context_boundary import ContextBoundary
 from composer_rl.rollout.session import LiveSession, Trajectory
 from composer_rl.rollout.summary_judge import SummaryJudge, SummaryJudgeConfig
+from composer_rl.sampling.batcher import SlotBatcher
 from composer_rl.sampling.engine import Engine, Request
 
 # A job is (task_id, group_id, env) or (task_id, group_id, env, session_id); env has
@@ -95,12 +94,12 @@ class RolloutRunner(ContextBoundary):
   def __init__(self, engine: Engine, chat: ChatFormat, config: RolloutConfig, params,
                version: int = 0, session_ids: Optional[itertools.count] = None):
     self.engine, self.chat, self.cfg = engine, chat, config
-    self.params, self.version = params, version
     self._pending_params: Optional[Tuple[Any, int]] = None
     self._lock = threading.Lock()
     self._ids = session_ids or itertools.count()
-    self.stats = dict(decode_steps=0, generated_tokens=0, prefill_tokens=0, reprefills=0,
-                      decode_seconds=0.0, prefill_seconds=0.0)
+    self.stats = dict(reprefills=0)
+    self._batcher = SlotBatcher(engine, self, params, version, config.decode_steps,
+                                chat.end_of_turn, self.stats)
     # session id -> where each model turn of its current context starts in traj.tokens
     # (what truncation cuts at: a turn runs to the next one's start, observation included).
     self._turn_starts: dict = {}
@@ -116,65 +115,53 @@ class RolloutRunner(ContextBoundary):
     with self._lock:
       self._pending_params = (params, version)
 
-  def _apply_pending_params(self, slots, state, ready):
+  @property
+  def params(self):
+    return self._batcher.params
+
+  @property
+  def version(self) -> int:
+    return self._batcher.version
+
+  def _apply_pending_params(self, ready):
     """Installs new weights; in-flight sessions go back to the front of `ready` with their
     caches dropped, so they are re-prefilled under the new version."""
     with self._lock:
       pending, self._pending_params = self._pending_params, None
-    if pending is None:
-      return state
-    self.params, self.version = pending
-    requeue = []
-    for i, s in enumerate(slots):
-      if s is not None:
-        state = self.engine.free(state, i)
-        s.saved = None
-        slots[i] = None
-        requeue.append(s)
-        self.stats["reprefills"] += 1
-    ready[:0] = requeue
-    return state
+    if pending is not None:
+      requeue = self._batcher.switch(*pending)
+      self.stats["reprefills"] += len(requeue)
+      ready[:0] = requeue
 
-  # ---- session steps -------------------------------------------------------------------
-  def _request(self, s: LiveSession) -> Request:
+  # ---- the batcher's client (`composer_rl.sampling.batcher.SlotClient`) ----------------
+  @staticmethod
+  def context(s: LiveSession) -> List[int]:
+    """The session's current context: what the engine's cache holds from position 0."""
+    return s.traj.tokens[s.context_start:]
+
+  def request(self, s: LiveSession) -> Request:
     c = self.cfg
     # Each restarted context samples with its own seed (positions restart at 0).
     seed = compaction_lib.segment_seed(c.seed, len(s.traj.segments))
     return Request(seq_id=s.traj.session_id, seed=seed, temperature=c.temperature,
                    top_k=c.top_k, top_p=c.top_p)
 
-  def _admit(self, sessions: List[LiveSession], free: List[int], state):
-    """Prefills the sessions' uncached tokens in one batch, samples each one's next token,
-    and puts every session whose turn goes on into the next free slot; returns the state
-    and the sessions placed (their slots) and those whose first token ended the turn."""
-    items = []
-    for s in sessions:
-      if s.saved is not None and s.saved_version != self.version:
-        s.saved = None  # never extend a cache computed under other weights
-      cached = int(s.saved.length) if s.saved is not None else 0
-      # The cache holds the current context only (positions from 0 at `context_start`).
-      items.append((s.traj.tokens[s.context_start + cached:], self._request(s), s.saved))
-    t0 = time.perf_counter()
-    prefixes = self.engine.prefill_many(params=self.params, items=items)
-    self.stats["prefill_seconds"] += time.perf_counter() - t0
-    self.stats["prefill_tokens"] += sum(len(t) for t, _, _ in items)
-    placed, ended = [], []
-    for s, prefix in zip(sessions, prefixes):
-      s.saved, s.saved_version = None, self.version
-      self._record(s, int(prefix.token), float(prefix.logprob))
-      if self._turn_over(s):
-        s.saved = prefix
-        ended.append(s)
-      else:
-        slot = free.pop(0)
-        state = self.engine.insert(prefix, state, slot)
-        placed.append((slot, s))
-    return state, placed, ended
+  def budget(self, s: LiveSession) -> int:
+    """Tokens the turn may still sample: a slot stops exactly where _turn_over says so."""
+    return min(self._turn_budget(s) - s.turn_tokens,
+               self.engine.config.max_seq_len - 1 - self._context_len(s))
 
-  def _record(self, s: LiveSession, token: int, logprob: float) -> None:
-    s.append(token, sampled=True, logprob=logprob, version=self.version)
+  def on_token(self, s: LiveSession, token: int, logprob: float, top_ids, top_logprobs,
+               version: int) -> bool:
+    del top_ids, top_logprobs  # rollouts record the sampled token only
+    s.append(token, sampled=True, logprob=logprob, version=version)
     s.turn_tokens += 1
-    self.stats["generated_tokens"] += 1
+    return self._turn_over(s)
+
+  @staticmethod
+  def keep_cache(s: LiveSession) -> bool:
+    # A summary turn ends its context: its cache is never used again.
+    return not s.summarizing
 
   def _turn_budget(self, s: LiveSession) -> int:
     """Tokens the current turn may sample: the summary turn has its own budget."""
@@ -261,9 +248,8 @@ class RolloutRunner(ContextBoundary):
     """Keeps up to `max_in_flight` sessions going, pulling jobs until `next_job` returns None
     and every session has finished; `emit` receives each finished trajectory. `next_job`
     may return NOT_YET to be asked again later."""
-    eng = self.engine
-    state = eng.init_decode_state()
-    slots: List[Optional[LiveSession]] = [None] * eng.slots
+    eng, batcher = self.engine, self._batcher
+    batcher.reset()
     ready: List[LiveSession] = []
     tools: dict = {}
     grading: dict = {}
@@ -272,7 +258,7 @@ class RolloutRunner(ContextBoundary):
       while True:
         if stop is not None and stop.is_set():
           break
-        state = self._apply_pending_params(slots, state, ready)
+        self._apply_pending_params(ready)
         waiting = False
         while not exhausted and in_flight < max_in_flight:
           job = next_job()
@@ -284,30 +270,13 @@ class RolloutRunner(ContextBoundary):
             break
           ready.append(self._start(job))
           in_flight += 1
-        free = [i for i, s in enumerate(slots) if s is None]
-        while free and ready:  # admit ready sessions into free slots, a batch at a time
-          batch = [ready.pop(0) for _ in range(min(len(free), len(ready)))]
-          state, placed, ended = self._admit(batch, free, state)
-          for i, s in placed:
-            slots[i] = s
-          for s in ended:  # its first sampled token already ended the turn
+        while batcher.free and ready:  # admit ready sessions into free slots, a batch at a time
+          batch = [ready.pop(0) for _ in range(min(batcher.free, len(ready)))]
+          for s in batcher.admit(batch):  # its first sampled token already ended the turn
             self._finish_turn(s, pool, tools, ready, grading)
-        if any(s is not None for s in slots):
-          t0 = time.perf_counter()
-          state, toks, lps, live = self._decode(state, slots)
-          self.stats["decode_seconds"] += time.perf_counter() - t0
-          for i, s in enumerate(slots):
-            if s is None:
-              continue
-            for j in range(toks.shape[0]):
-              if live[j, i]:
-                self._record(s, int(toks[j, i]), float(lps[j, i]))
-            if self._turn_over(s):
-              # A summary turn ends its context: its cache is never used again.
-              s.saved = None if s.summarizing else eng.release(state, i)
-              state = eng.free(state, i)
-              slots[i] = None
-              self._finish_turn(s, pool, tools, ready, grading)
+        if batcher.busy:
+          for s in batcher.decode():
+            self._finish_turn(s, pool, tools, ready, grading)
         elif tools or grading:
           cf.wait(list(tools) + list(grading), timeout=1.0, return_when=cf.FIRST_COMPLETED)
         elif not ready:
@@ -343,21 +312,6 @@ class RolloutRunner(ContextBoundary):
           in_flight -= 1
         if exhausted and in_flight == 0:
           break
-
-  def _decode(self, state, slots):
-    """One engine call: ([steps, slots] tokens, log-probs, which of them count)."""
-    eng, k = self.engine, self.cfg.decode_steps
-    if k == 1:
-      state, step = eng.generate(self.params, state)
-      live = np.asarray([[s is not None for s in slots]])
-      self.stats["decode_steps"] += 1
-      return state, np.asarray(step.tokens)[None], np.asarray(step.logprobs)[None], live
-    limit = eng.config.max_seq_len - 1  # a slot stops exactly where _turn_over would say so
-    budgets = [0 if s is None else min(self._turn_budget(s) - s.turn_tokens,
-                                       limit - self._context_len(s)) for s in slots]
-    state, out = eng.generate_many(self.params, state, budgets, self.chat.end_of_turn, k)
-    self.stats["decode_steps"] += k
-    return state, np.asarray(out.tokens), np.asarray(out.logprobs), np.asarray(out.active)
 
   def _finish_turn(self, s: LiveSession, pool, tools, ready, grading) -> None:
     if s.summarizing:  # no tool call: the summary restarts the context

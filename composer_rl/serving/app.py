@@ -35,7 +35,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from composer_rl.serving import protocol
 from composer_rl.serving.auth import KeyRing, RateLimiter, bearer_token
 from composer_rl.serving.protocol import OpenAIError
-from composer_rl.serving.service import ContentStream, Job, RequestContext, ServingService
+from composer_rl.serving.jobs import ContentStream, Job, RequestContext
+from composer_rl.serving.service import ServingService
 
 log = py_logging.getLogger("composer_rl.serving")
 

@@ -1,9 +1,12 @@
 """Request-driven continuous batching over the engine: what the server generates with.
 
-One thread drives `composer_rl.sampling.engine.Engine`: it admits queued completions into
-free decode slots (one prefill of the prompt each), runs one decode step for every occupied
-slot, and finishes a completion when it samples the end-of-turn token, reaches its token
-budget, produces a stop string, or is cancelled; its slot goes to the next in the queue.
+One thread drives the continuous-batching loop the rollout runner is also made of
+(`composer_rl.sampling.batcher.SlotBatcher`): this module is its source (a queue of
+requested completions) and its sink (futures and token streams). It admits queued
+completions into free decode slots (their prompts prefilled in one batch), decodes every
+occupied slot, and finishes a completion when it samples the end-of-turn token, reaches its
+token budget, produces a stop string, or is cancelled; its slot goes to the next in the
+queue.
 Callers submit from any thread and get a `concurrent.futures.Future`; `on_token` streams
 each token as it is sampled.
 
@@ -27,8 +30,7 @@ import threading
 import time
 from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
+from composer_rl.sampling.batcher import SlotBatcher
 from composer_rl.sampling.engine import Engine, Request
 
 
@@ -108,6 +110,8 @@ class _Seq:
     self.emitted = 0             # characters of the final text already streamed
     self.t_start = self.t_first = 0.0
     self.version = -1
+    self.reason: Optional[str] = None  # why it ended ('stop', 'length')
+    self.saved, self.saved_version = None, -1  # a completion never resumes a cache
 
 
 class Generator:
@@ -117,20 +121,28 @@ class Generator:
   params/version: the weights to serve (placed on the engine's mesh) and their version.
   tokenizer: byte-level tokenizer (ids < 256 are bytes; `tok.EOT` ends a turn).
   max_waiting: completions that may queue for a slot before `submit` raises QueueFullError.
+  decode_steps: engine decode steps per call (`SlotBatcher`); tokens stream in blocks of
+    this size, and the sampled bits do not depend on it.
   """
 
-  def __init__(self, engine: Engine, params, version: int, tokenizer, max_waiting: int = 256):
+  def __init__(self, engine: Engine, params, version: int, tokenizer, max_waiting: int = 256,
+               decode_steps: int = 1):
     self.engine, self.tok = engine, tokenizer
-    self.params, self.version = params, int(version)
     self.max_waiting = max_waiting
     self._cv = threading.Condition()
     self._waiting: Deque[_Seq] = collections.deque()
     self._pending: Optional[Tuple[object, int]] = None
     self._closed = False
-    self.stats = dict(completions=0, generated_tokens=0, prefill_tokens=0, decode_steps=0,
-                      decode_seconds=0.0, prefill_seconds=0.0, version_switches=0)
+    self.stats = dict(completions=0, version_switches=0)
+    self._batcher = SlotBatcher(engine, self, params, version, decode_steps, tokenizer.EOT,
+                                self.stats)
     self._thread = threading.Thread(target=self._loop, name="generator", daemon=True)
     self._thread.start()
+
+  @property
+  def version(self) -> int:
+    """The weight version completions are admitted under now."""
+    return self._batcher.version
 
   @property
   def max_seq_len(self) -> int:
@@ -193,84 +205,76 @@ class Generator:
 
   # ---- engine thread -------------------------------------------------------------------
   def _loop(self) -> None:
-    eng = self.engine
-    state = eng.init_decode_state()
-    slots: List[Optional[_Seq]] = [None] * eng.slots
+    b = self._batcher
     while True:
       with self._cv:
-        busy = any(s is not None for s in slots)
-        if self._pending is not None and not busy:
-          (self.params, self.version), self._pending = self._pending, None
+        if self._pending is not None and not b.busy:
+          b.switch(*self._pending)
+          self._pending = None
           self.stats["version_switches"] += 1
-        while not busy and not self._waiting and self._pending is None and not self._closed:
+        while not b.busy and not self._waiting and self._pending is None and not self._closed:
           self._cv.wait()
-        if self._closed and not busy and not self._waiting:
+        if self._closed and not b.busy and not self._waiting:
           return
         admit = []
         # A pending weight switch admits nothing new: in-flight completions drain first.
-        while self._pending is None and self._waiting and len(admit) < slots.count(None):
+        while self._pending is None and self._waiting and len(admit) < b.free:
           admit.append(self._waiting.popleft())
       try:
-        state = self._step(state, slots, admit)
+        self._step(admit)
       except Exception as e:  # pylint: disable=broad-except  (fail the requests, not the server)
-        for s in [x for x in slots if x is not None] + admit:
+        for s in [x for x in b.slots if x is not None] + admit:
           if not s.job.future.done():
             s.job.future.set_exception(e)
-        slots = [None] * eng.slots
-        state = eng.init_decode_state()
+        b.reset()
 
-  def _step(self, state, slots: List[Optional[_Seq]], admit: List[_Seq]):
-    eng = self.engine
+  def _step(self, admit: List[_Seq]) -> None:
+    b = self._batcher
+    live = []
     for s in admit:
       if s.job.cancelled:
         self._finish(s, "cancelled")
-        continue
-      i = slots.index(None)
-      s.t_start, s.version = time.perf_counter(), self.version
-      sp = s.job.sp
-      t0 = time.perf_counter()
-      prefix = eng.prefill(params=self.params, padded_tokens=s.job.prompt, request=Request(
-          seq_id=s.index, seed=s.job.seed, temperature=sp.temperature, top_k=sp.top_k,
-          top_p=sp.top_p))
-      self.stats["prefill_seconds"] += time.perf_counter() - t0
-      self.stats["prefill_tokens"] += len(s.job.prompt)
-      done = self._record(s, int(prefix.token), float(prefix.logprob),
-                          np.asarray(prefix.top_ids), np.asarray(prefix.top_logprobs))
-      if done:
-        self._finish(s, done)
       else:
-        state = eng.insert(prefix, state, i)
-        slots[i] = s
-    for i, s in enumerate(slots):
+        s.t_start, s.version = time.perf_counter(), b.version
+        live.append(s)
+    # One prefill per completion (a batch of them), each from an empty cache.
+    for s in b.admit(live) if live else []:
+      self._finish(s, s.reason)
+    for i, s in enumerate(b.slots):
       if s is not None and s.job.cancelled:
-        state, slots[i] = eng.free(state, i), None
-        self._finish(s, "cancelled")
-    if not any(s is not None for s in slots):
-      return state
-    t0 = time.perf_counter()
-    state, out = eng.generate(self.params, state)
-    toks, lps = np.asarray(out.tokens), np.asarray(out.logprobs)
-    top_ids, top_lps = np.asarray(out.top_ids), np.asarray(out.top_logprobs)
-    self.stats["decode_seconds"] += time.perf_counter() - t0
-    self.stats["decode_steps"] += 1
-    for i, s in enumerate(slots):
-      if s is None:
-        continue
-      done = self._record(s, int(toks[i]), float(lps[i]), top_ids[i], top_lps[i])
-      if done:
-        state, slots[i] = eng.free(state, i), None
-        self._finish(s, done)
-    return state
+        self._finish(b.evict(i), "cancelled")
+    for s in b.decode():
+      self._finish(s, s.reason)
 
-  def _record(self, s: _Seq, token: int, logprob: float, top_ids, top_lps) -> Optional[str]:
-    """Appends a sampled token; returns why the completion ends, or None."""
+  # ---- the batcher's client (`composer_rl.sampling.batcher.SlotClient`) ----------------
+  @staticmethod
+  def context(s: _Seq) -> List[int]:
+    return s.job.prompt
+
+  @staticmethod
+  def request(s: _Seq) -> Request:
+    sp = s.job.sp
+    return Request(seq_id=s.index, seed=s.job.seed, temperature=sp.temperature,
+                   top_k=sp.top_k, top_p=sp.top_p)
+
+  @staticmethod
+  def budget(s: _Seq) -> int:
+    return s.budget - len(s.ids)
+
+  @staticmethod
+  def keep_cache(s: _Seq) -> bool:
+    return False
+
+  def on_token(self, s: _Seq, token: int, logprob: float, top_ids, top_lps,
+               version: int) -> bool:
+    """Appends a sampled token; True (with `s.reason`) when the completion ends."""
+    del version  # a completion is admitted and drained under one version (`s.version`)
     if not s.ids:
       s.t_first = time.perf_counter()
     k = s.job.sp.top_logprobs
     s.ids.append(token)
     s.logprobs.append(logprob)
     s.tops.append([(int(a), float(b)) for a, b in zip(top_ids[:k], top_lps[:k])])
-    self.stats["generated_tokens"] += 1
     reason = None
     if token == self.tok.EOT:
       reason = "stop"
@@ -284,7 +288,8 @@ class Generator:
         reason = "length"
     if s.job.on_token is not None:
       self._emit(s, token, logprob, final=reason is not None)
-    return reason
+    s.reason = reason
+    return reason is not None
 
   @staticmethod
   def _text(s: _Seq) -> str:

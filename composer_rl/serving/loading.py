@@ -17,7 +17,8 @@ from absl import logging
 from composer_rl.serving.chat_template import ChatTemplate
 from composer_rl.serving.generator import Generator
 from composer_rl.serving.records import RecordLog
-from composer_rl.serving.service import ServeSettings, ServingService
+from composer_rl.serving.service import ServingService
+from composer_rl.serving.settings import ServeSettings
 
 
 # ---- weight follower --------------------------------------------------------------------

@@ -8,17 +8,13 @@ those of the RL run, so an experiment continues from SFT into RL on the same sta
 """
 from typing import Any, Dict, List, Optional, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.model.config import ModelConfig
 from composer_rl.train import losses
 from composer_rl.train.batch import TrainBatch, build_batch
 from composer_rl.train.optimizer import OptimizerConfig
-from composer_rl.train.scoring import score_tokens
 from composer_rl.train.train_step import TrainConfig, TrainStep, make_train_step
 
 
@@ -39,16 +35,6 @@ def sft_batch(records: Sequence[Any], seq_len: int, num_rows: Optional[int] = No
               ) -> TrainBatch:
   """Records with tokens + loss_mask (e.g. oracle `Trajectory`s) -> a TrainBatch."""
   return build_batch(records, seq_len, num_rows=num_rows)
-
-
-def make_eval_fn(step: TrainStep):
-  """jit fn(params, batch) -> mean NLL over the batch's loss tokens (one device)."""
-  def nll(params, batch: TrainBatch):
-    model = nnx.merge(step.graphdef, params)
-    sc = score_tokens(model, batch.tokens, batch.sampling, batch.segment_ids, batch.positions)
-    m = batch.loss_mask * batch.rows_valid[:, None]
-    return -jnp.sum(jnp.where(m > 0, sc.logprobs, 0.0)) / jnp.maximum(jnp.sum(m), 1.0)
-  return jax.jit(nll)
 
 
 # ---- a synthetic expert: deterministic string tasks in the chat layout -----------------

@@ -16,11 +16,10 @@ import jax
 import numpy as np
 
 from composer_rl.model import sharding as shd
-from composer_rl.progress import progress
 from composer_rl.sampling.sampler import Sampler, SamplingConfig
 from composer_rl.train import config as config_lib
 from composer_rl.data import packing
-from composer_rl.train import data, metrics as metrics_lib, pretrain, rl_synthetic, sft
+from composer_rl.train import data, loop, metrics as metrics_lib, pretrain, rl_synthetic, sft, stages
 from composer_rl.train.batch import build_packed_batch
 from composer_rl.train.checkpoint import Checkpointer
 from composer_rl.train.train_step import make_train_step
@@ -65,8 +64,7 @@ class _Source:
   def __init__(self, exp: config_lib.Experiment, step_fn, data_state, workdir: str):
     self.exp, self.workdir = exp, workdir
     self.rows = exp.raw.train.batch_size
-    per = step_fn.num_shards * exp.train.micro_batch_size
-    self.num_rows = -(-self.rows // per) * per
+    self.num_rows = stages.padded_rows(step_fn, self.rows)
     ds, self._make = SOURCES[exp.mode](self, exp, step_fn)
     self.it = data.iterator(ds, data_state)
 
@@ -178,21 +176,23 @@ def train(config, workdir: str) -> Dict[str, Any]:
   log = metrics_lib.MetricsWriter(workdir) if chief else None
   if log:
     log.truncate_phase(exp.mode, start + 1)  # rows are numbered by steps done
-  t0, history = time.time(), []
-  for step in progress(c.train.steps - start, exp.mode, "steps",
-                       iterable=range(start, c.train.steps), disable=not chief):
-    batch, info = source.next(state.params, step)
+
+  def update(step, state, item):
+    batch, info = item
     state, m = step_fn.step(state, step_fn.shard_batch(batch))
     _maybe_stall(step, workdir, ckpt)
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
-    m.update(info, seconds=round(time.time() - t0, 3))
-    history.append(m)
-    if log:
-      log.write(step + 1, m, phase=exp.mode,
-                echo=(step + 1) % c.train.log_every == 0 or step + 1 == c.train.steps)
-    if (step + 1) % c.checkpoint.every_steps == 0 or step + 1 == c.train.steps:
-      ckpt.save(step + 1, state, source.it.get_state(),
-                ledger={"consumed_batches": step + 1})
+    m = stages.host_metrics(m)
+    m.update(info)
+    return state, m
+
+  def save(done, state):
+    ckpt.save(done, state, source.it.get_state(), ledger={"consumed_batches": done})
+  t0 = time.time()
+  state, history = loop.run(
+      state, start=start, steps=c.train.steps, phase=exp.mode, label=exp.mode,
+      fetch=lambda step, state: source.next(state.params, step), update=update, metrics=log,
+      save=save, checkpoint_every=c.checkpoint.every_steps, echo_every=c.train.log_every,
+      row_offset=1, show_progress=chief)
   ckpt.close()
   if log:
     log.close()

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from composer_rl.controller import agent_setup, agent_sft
+from composer_rl.train import stages
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
 import tiny_compaction  # noqa: E402
@@ -20,13 +21,13 @@ def _config(**sft):
 def test_copy_only_steps_then_mixed_batches(tmp_path, monkeypatch):
   s = agent_setup.Setup(_config(), str(tmp_path))
   seen = []
-  real = agent_sft.build_batch
+  real = stages.build_batch
 
   def spy(recs, *a, **k):
     # demonstration contexts carry logprobs; copy rows are tokens + loss_mask only
     seen.append([("logprobs" in r, len(r["tokens"])) for r in recs])
     return real(recs, *a, **k)
-  monkeypatch.setattr(agent_sft, "build_batch", spy)
+  monkeypatch.setattr(stages, "build_batch", spy)
   agent_sft.sft_stage(s)
   demo_rows = [sum(d for d, _ in b) for b in seen]
   assert demo_rows == [0, 0, 2, 2]  # copy rows alone, then batch_size - copy_rows demos

@@ -162,3 +162,32 @@ def test_weight_switch_never_splits_a_completion(model):
     _assert_exact(model, new, _prompt(tok, "two"), b, sp)
   finally:
     g.close()
+
+
+def test_decode_blocks_give_the_same_completions(model, gen):
+  """decode_steps > 1 (one engine call per block of steps, as rollouts run) gives every
+  completion's tokens, log-prob bits, top alternatives, stop-string cuts and finish
+  reasons exactly as one step per call does, with streamed text adding up the same."""
+  tok, m = model
+  eng = Engine(m, slots=2, prefill_chunk=16, top_logprobs=TOP)
+  blocks = Generator(eng, eng.place(nnx.state(m)), version=0, tokenizer=tok, decode_steps=4)
+  try:
+    sps = [SamplingParams(max_tokens=19, temperature=0.8, n=3, seed=11, top_logprobs=TOP),
+           SamplingParams(max_tokens=30, temperature=1.0, n=2, seed=3, stop=("e", "\n")),
+           SamplingParams(max_tokens=9, top_k=1)]
+    prompts = [_prompt(tok, "print the sum " * k) for k in (1, 2, 3)]
+    for p, sp in zip(prompts, sps):
+      streamed = {}
+      def on_token(ev, streamed=streamed):
+        streamed[ev.choice] = streamed.get(ev.choice, "") + ev.text_delta
+      want = gen.submit(p, sp).result(timeout=120)
+      got = blocks.submit(p, sp, on_token=on_token).result(timeout=120)
+      for a, b in zip(want, got):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.text == b.text == streamed[b.index]
+        assert np.array_equal(np.asarray(a.logprobs, np.float32).view(np.uint32),
+                              np.asarray(b.logprobs, np.float32).view(np.uint32))
+        assert a.top_logprobs == b.top_logprobs
+    assert blocks.stats["decode_steps"] % 4 == 0
+  finally:
+    blocks.close()

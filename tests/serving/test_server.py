@@ -35,7 +35,7 @@ from composer_rl.serving import protocol
 from composer_rl.serving.auth import KeyRing, RateLimiter, hash_key
 from composer_rl.serving.chat_template import ChatTemplate
 from composer_rl.serving.records import bits_float, read_records
-from composer_rl.serving.service import ContentStream
+from composer_rl.serving.jobs import ContentStream
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = "serve_tiny"
@@ -562,7 +562,8 @@ def scripted(tmp_path_factory):
   import uvicorn  # pylint: disable=import-outside-toplevel
   from composer_rl.serving.app import AppSettings, create_app  # pylint: disable=import-outside-toplevel
   from composer_rl.serving.records import RecordLog  # pylint: disable=import-outside-toplevel
-  from composer_rl.serving.service import ServeSettings, ServingService  # pylint: disable=import-outside-toplevel
+  from composer_rl.serving.service import ServingService  # pylint: disable=import-outside-toplevel
+  from composer_rl.serving.settings import ServeSettings  # pylint: disable=import-outside-toplevel
   tok = ByteTokenizer()
   text = 'I will read it. <tool>{"name": "read_file", "args": {"path": "a.py"}}</tool>'
   records = str(tmp_path_factory.mktemp("scripted"))

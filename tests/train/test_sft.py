@@ -4,7 +4,7 @@ import numpy as np
 
 from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.model import sharding as shd
-from composer_rl.train import data, sft
+from composer_rl.train import data, pretrain, sft
 from composer_rl.train.optimizer import OptimizerConfig
 
 from .helpers import TINY
@@ -27,7 +27,11 @@ def test_sft_reduces_heldout_loss_on_oracle_trajectories():
                                                total_steps=40), mesh, micro_batch_size=8)
   state = step.init_state(0)
   heldout = sft.sft_batch(sft.synthetic_records(32, seed=99, max_word=4), 48)
-  nll = sft.make_eval_fn(step)
+  nll_rows = pretrain.make_nll_fn(step)
+
+  def nll(params, batch):  # mean NLL over the batch's loss tokens
+    total, count = nll_rows(params, batch)
+    return float(jax.numpy.sum(total) / jax.numpy.maximum(jax.numpy.sum(count), 1.0))
   before = float(nll(jax.device_get(state.params), heldout))
   it = data.iterator(data.sft_batches(sft.synthetic_records(512, seed=1, max_word=4), 16, 48, seed=0))
   for _ in range(40):
