@@ -196,6 +196,18 @@ class Generator:
       self._pending = (params, int(version))
       self._cv.notify()
 
+  def warmup(self, prompt_ids: Sequence[int]) -> None:
+    """Compiles every program serving uses before the first request waits on one: the
+    prefill of each power-of-two batch of prompts up to the slots (queued prompts are
+    admitted together), insertion and a decode call. `prompt_ids`: any short prompt."""
+    prompt = [int(i) for i in prompt_ids]
+    rows = 1
+    while rows <= self.engine.slots:
+      self.engine.prefill_many(params=self._batcher.params,
+                               items=[(prompt, Request(seq_id=i), None) for i in range(rows)])
+      rows *= 2
+    self.submit(prompt, SamplingParams(max_tokens=2, seed=0)).result()
+
   def close(self) -> None:
     """Finishes what is in flight or queued, then stops the engine thread."""
     with self._cv:

@@ -282,9 +282,8 @@ class ServingService:
 
   # ---- lifecycle -----------------------------------------------------------------------
   def warmup(self) -> None:
-    """Compiles the engine's programs (one prefill chunk, a decode step) before serving."""
-    sp = SamplingParams(max_tokens=2, seed=0)
-    self.generator.submit([self.tok.BOS, self.tok.SYS], sp).result()
+    """Compiles the engine's programs (prefill batches, a decode step) before serving."""
+    self.generator.warmup([self.tok.BOS, self.tok.SYS])
 
   def close(self) -> None:
     """Stops following weights, finishes queued completions, closes the record log."""
