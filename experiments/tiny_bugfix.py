@@ -21,6 +21,10 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(
       train_fraction=0.5,     # share of devices in the train mesh
       inference_meshes=1))    # engines, one per inference mesh, each running whole groups
+  # Tokenizer, session layout and tool-call syntax (composer_rl.rollout.formats): 'byte'
+  # for this from-scratch model; 'qwen3' with chat.tokenizer = a directory holding a
+  # Qwen3-style tokenizer.json (e.g. composer_rl.data.bpe.train_qwen3_style's).
+  c.chat = ml_collections.ConfigDict(dict(format="byte", tokenizer="", enable_thinking=False))
   c.env = ml_collections.ConfigDict(dict(
       max_turns=4,            # tool calls before a session ends without submitting
       grade_timeout_s=30.0,   # wall clock of one grading run

@@ -39,7 +39,7 @@ def main(_):
   c = experiment_config()
   kinds.validate(c, "agent_rl")  # defaults filled in
   chat = ChatFormat(ByteTokenizer())
-  env = EnvConfig(compact_prompt=True, max_turns=c.env.max_turns,
+  env = EnvConfig(call_syntax="tool_compact", max_turns=c.env.max_turns,
                   system_prompt=c.env.system_prompt, tools=tuple(c.env.tools))
   comp = compaction_lib.CompactionConfig(**dict(c.rl.compaction))
   window = c.model.max_seq_len

@@ -9,12 +9,10 @@ from flax import nnx
 
 from composer_rl.controller import config as config_lib
 from composer_rl.controller import placement
-from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.env.harness import EnvConfig, make_env
 from composer_rl.env.tasks import TASK_SOURCES
 from composer_rl.model import ModelConfig, Transformer, inference_copy, sharding
-from composer_rl.rollout import compaction as compaction_lib
-from composer_rl.rollout.chat import ChatFormat
+from composer_rl.rollout import compaction as compaction_lib, formats
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.rollout.summary_judge import SummaryJudgeConfig
 from composer_rl.sampling.engine import Engine
@@ -28,8 +26,13 @@ class Setup:
   def __init__(self, config, workdir: str, worker: bool = False):
     config_lib.validate(config, "agent_rl")  # defaults filled in: fields are read directly
     self.config, self.workdir = config, workdir
-    self.tok = ByteTokenizer()
-    self.chat = ChatFormat(self.tok)
+    c = config.chat
+    self.chat = formats.make_chat(c.format, c.tokenizer, config.env.tools, c.enable_thinking)
+    self.tok = self.chat.tok
+    if c.format != "byte" and (self.compaction().enabled
+                               or config.eval.context_mode not in ("", "none")):
+      raise ValueError(f"context compaction (config.rl.compaction, config.eval.context_mode) "
+                       f"supports chat.format='byte' only, not {c.format!r} yet")
     self.model_config = ModelConfig(**dict(config.model), vocab_size=self.tok.vocab_size)
     if worker:
       inference_meshes = [sharding.make_mesh({"data": -1})]
@@ -45,7 +48,7 @@ class Setup:
       self.mesh, inference_meshes = plan.train_mesh, plan.inference_meshes
     self.inference_meshes = inference_meshes
     self._eval_engines: Dict[int, Engine] = {}  # max_seq_len -> a wider-window engine
-    self.env_config = EnvConfig(compact_prompt=True, max_turns=config.env.max_turns,
+    self.env_config = EnvConfig(call_syntax=self.chat.call_syntax, max_turns=config.env.max_turns,
                                 grade_timeout_s=config.env.grade_timeout_s,
                                 system_prompt=config.env.system_prompt,
                                 tools=tuple(config.env.tools))

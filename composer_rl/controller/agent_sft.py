@@ -92,6 +92,14 @@ def sft_stage(s: Setup, init_params=None):
   # One row per context (a compacted demonstration is several sequences, see
   # rollout.compaction); without compaction the rows are the demonstrations themselves.
   rows = [r for d in demos for r in compaction_lib.segment_records(d)]
+  window = s.model_config.max_seq_len
+  too_long = [len(r["tokens"]) for r in rows if len(r["tokens"]) > window]
+  if too_long:
+    raise ValueError(
+        f"{len(too_long)} of {len(rows)} demonstration contexts are longer than "
+        f"model.max_seq_len={window} (longest {max(too_long)} tokens) and context compaction "
+        "is off for them: raise model.max_seq_len, shorten env.system_prompt or env.tools, "
+        "or enable rl.compaction")
   rng = np.random.default_rng(s.config.seed)
   copy_rng = np.random.default_rng([s.config.seed, 1])
 

@@ -73,6 +73,14 @@ AGENT_RL = Section(dict(
         train_fraction=Field(0.5, float, "share of the host's devices in the train mesh (one "
                              "device: training and sampling share it)", min=0.0, max=1.0),
         inference_meshes=Field(1, int, "engines, one per inference mesh", **POS))),
+    chat=Section(dict(
+        format=Field("byte", str, "tokenizer, session layout and tool-call syntax",
+                     choices=_names("composer_rl.rollout.formats", "CHAT_FORMATS")),
+        tokenizer=Field("", str, "directory with the tokenizer.json of formats that read "
+                        "one ('qwen3')"),
+        enable_thinking=Field(False, bool, "qwen3: turns may open with reasoning (False: "
+                              "each opens with an empty <think> block, as Qwen3's "
+                              "enable_thinking=False prompt does)"))),
     env=Section(dict(
         max_turns=Field(4, int, "tool calls before a session ends without submitting", **POS),
         grade_timeout_s=Field(30.0, float, "wall clock of one grading run", min=1e-3),

@@ -23,15 +23,16 @@ class EpisodeResult:
         return self.result.hack_attempts
 
 
-def run_episode(policy, task, config: Optional[EnvConfig] = None, compact: bool = False,
+def run_episode(policy, task, config: Optional[EnvConfig] = None,
                 sandbox=None) -> EpisodeResult:
-    """`policy` is a registry name or a policy object; the world is always cleaned up."""
+    """`policy` is a registry name or a policy object, writing its calls in the config's
+    call syntax; the world is always cleaned up."""
     name = policy if isinstance(policy, str) else type(policy).__name__
     policy = make_policy(policy) if isinstance(policy, str) else policy
     env = make_env(task, config, sandbox)
     try:
         obs = env.reset()
-        policy.reset(task, compact)
+        policy.reset(task, env.config.call_syntax)
         done = False
         while not done:
             res = env.step(policy.act(obs))

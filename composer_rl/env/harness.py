@@ -17,11 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
-from composer_rl.env import grading, hacks
+from composer_rl.env import call_syntax, grading, hacks
 from composer_rl.env.reward import RewardContext, RewardResult, make_reward
 from composer_rl.env.sandbox import SandboxLimits, make_sandbox
-from composer_rl.env.tool_call_format import (TOOL_SCHEMAS, ToolCallError, format_help,
-                                              parse_tool_call)
+from composer_rl.env.tool_call_format import TOOL_SCHEMAS, ToolCallError
 from composer_rl.env.tools import TOOLS, ToolError, ToolLimits, truncate_observation
 from composer_rl.env.tree_diff import tree_diff
 from composer_rl.env.world import World
@@ -35,7 +34,9 @@ class EnvConfig:
     """Hyperparameters of one episode.
 
     max_turns: tool calls allowed before the episode ends without submit (budget end).
-    compact_prompt: describe the compact `<t>[...]</t>` spelling in the system prompt.
+    call_syntax: how the model writes a tool call (`call_syntax.CALL_SYNTAXES`: 'tool',
+      'tool_compact' for byte-level models, 'qwen3'): what `step` parses and what the
+      system prompt's `{tools}` describes.
     sandbox: sandbox backend name (sandbox.SANDBOXES); limits: its resource bounds.
     tool_limits: observation/output caps (tools.ToolLimits).
     reward: reward spec for reward.make_reward, e.g. {"tests": 1.0, "malformed_penalty": 0.5}.
@@ -49,7 +50,7 @@ class EnvConfig:
     """
 
     max_turns: int = 30
-    compact_prompt: bool = False
+    call_syntax: str = "tool"
     sandbox: str = "bwrap"
     limits: SandboxLimits = SandboxLimits()
     tool_limits: ToolLimits = ToolLimits()
@@ -59,6 +60,7 @@ class EnvConfig:
     tools: Tuple[str, ...] = ()
 
     def __post_init__(self):
+        call_syntax.get(self.call_syntax)  # a ValueError naming the known ones
         unknown = sorted(set(self.tools) - set(TOOL_SCHEMAS))
         if unknown:
             raise ValueError(f"EnvConfig.tools: unknown tool(s) {unknown}; known: "
@@ -86,6 +88,7 @@ class CodingEnv:
     def __init__(self, task, config: Optional[EnvConfig] = None, sandbox=None):
         self.task = task
         self.config = config or EnvConfig()
+        self.syntax = call_syntax.get(self.config.call_syntax)
         self.sandbox = sandbox or _shared_sandbox(self.config)
         self.world: Optional[World] = None
         self.trajectory: List[dict] = []
@@ -105,7 +108,7 @@ class CodingEnv:
         self.done = self.submitted = False
         self._result = None
         system = self.config.system_prompt.replace(
-            "{tools}", format_help(self.config.compact_prompt, self.config.tools))
+            "{tools}", self.syntax.help(self.config.tools))
         return f"{system}\nTask: {self.task.prompt}\n"
 
     def step(self, model_text: str) -> StepResult:
@@ -117,7 +120,7 @@ class CodingEnv:
         turn = self.metrics["turns"]
         info: Dict[str, Any] = {"turn": turn}
         try:
-            call = parse_tool_call(model_text)
+            call = self.syntax.parse(model_text)
         except ToolCallError as e:
             self.metrics["malformed_calls"] += 1
             key = f"malformed_{e.kind}"

@@ -1,7 +1,7 @@
 """Scripted policies, chosen by name from `POLICIES`: for tests and expert demonstrations.
 
-A policy is an object with `reset(task, compact)` and `act(observation) -> str` (the model
-text for one turn, in the tool-call format). Registered policies:
+A policy is an object with `reset(task, syntax)` and `act(observation) -> str` (the model
+text for one turn, its calls in the `env.call_syntax` named `syntax`). Registered policies:
 
   oracle     reads the buggy file, applies the task's oracle edits through `edit`, runs the
              tests, submits. Expected reward 1.
@@ -32,14 +32,14 @@ import hashlib
 from typing import List, Tuple
 
 from composer_rl.env.registry import Registry
-from composer_rl.env.tool_call_format import format_tool_call
+from composer_rl.env import call_syntax
 
 POLICIES: Registry = Registry("policy")
 
 
 class ScriptedPolicy:
-    def reset(self, task, compact: bool = False) -> None:
-        self.task, self.compact = task, compact
+    def reset(self, task, syntax: str = "tool") -> None:
+        self.task, self.syntax = task, call_syntax.get(syntax)
         self.plan: List[Tuple[str, dict]] = self.make_plan(task)
         self.i = 0
 
@@ -49,7 +49,7 @@ class ScriptedPolicy:
     def act(self, observation: str) -> str:
         name, args = self.plan[min(self.i, len(self.plan) - 1)]
         self.i += 1
-        return format_tool_call(name, args, self.compact)
+        return self.syntax.format(name, args)
 
 
 @POLICIES.register("oracle")
@@ -86,8 +86,8 @@ class LongWeakOraclePolicy(WeakOraclePolicy):
     """Stateful: the next call depends on what was read and on context restarts, so it
     overrides `act` instead of following a fixed plan."""
 
-    def reset(self, task, compact: bool = False) -> None:
-        self.task, self.compact = task, compact
+    def reset(self, task, syntax: str = "tool") -> None:
+        self.task, self.syntax = task, call_syntax.get(syntax)
         self.files = list(task.meta.get("files") or [task.oracle[0].path])
         self.target = task.oracle[0].path
         self.func = task.meta.get("func", "the function")
@@ -106,19 +106,18 @@ class LongWeakOraclePolicy(WeakOraclePolicy):
             path = next((f for f in self.files if f not in self.read), self.target)
             self.read.append(path)
             self.visible = True
-            return format_tool_call("read_file", {"path": path}, self.compact)
+            return self.syntax.format("read_file", {"path": path})
         if not self.done_edit and self.fixes(self.task):
             if not self.visible:  # the module's text went with the old context: read it again
                 self.visible = True
-                return format_tool_call("read_file", {"path": self.target}, self.compact)
+                return self.syntax.format("read_file", {"path": self.target})
             self.done_edit = True
             e = self.task.oracle[0]
-            return format_tool_call("edit", {"path": e.path, "old": e.old, "new": e.new},
-                                    self.compact)
+            return self.syntax.format("edit", {"path": e.path, "old": e.old, "new": e.new})
         if self.run_tests and self.done_edit and not self.ran_tests:
             self.ran_tests = True
-            return format_tool_call("run", {"cmd": self.task.test_cmd}, self.compact)
-        return format_tool_call("submit", {}, self.compact)
+            return self.syntax.format("run", {"cmd": self.task.test_cmd})
+        return self.syntax.format("submit", {})
 
     def summarize(self) -> str:
         """The summary turn's text: what the next context needs to go on. The context
@@ -139,8 +138,8 @@ class KeyCollectorPolicy(WeakOraclePolicy):
     """Stateful like long_weak_oracle. It never reads a module twice: after a context
     restart only its summary tells it the parts read so far (what the model must learn)."""
 
-    def reset(self, task, compact: bool = False) -> None:
-        self.task, self.compact = task, compact
+    def reset(self, task, syntax: str = "tool") -> None:
+        self.task, self.syntax = task, call_syntax.get(syntax)
         self.files, self.parts = list(task.meta["files"]), list(task.meta["parts"])
         self.n_read = 0
         self.i = 0
@@ -149,13 +148,11 @@ class KeyCollectorPolicy(WeakOraclePolicy):
         self.i += 1
         if self.n_read < len(self.files):
             self.n_read += 1
-            return format_tool_call("read_file", {"path": self.files[self.n_read - 1]},
-                                    self.compact)
+            return self.syntax.format("read_file", {"path": self.files[self.n_read - 1]})
         if self.fixes(self.task) and self.i == self.n_read + 1:
             e = self.task.oracle[0]
-            return format_tool_call("edit", {"path": e.path, "old": e.old, "new": e.new},
-                                    self.compact)
-        return format_tool_call("submit", {}, self.compact)
+            return self.syntax.format("edit", {"path": e.path, "old": e.old, "new": e.new})
+        return self.syntax.format("submit", {})
 
     def summarize(self) -> str:
         """Asked after the latest read's observation: it is part of what was read."""

@@ -79,7 +79,7 @@ class ToolCall:
 _TAG_RE = re.compile(r"<tool>|</tool>|<t>|</t>")
 
 
-def _resolve_name(name: Any) -> str:
+def resolve_name(name: Any) -> str:
     if not isinstance(name, str):
         raise ToolCallError("tool name must be a string", "bad_shape")
     if name in TOOL_SCHEMAS:
@@ -99,7 +99,7 @@ def _check_type(tool: str, p: Param, value: Any) -> Any:
     return value
 
 
-def _bind(tool: str, given: Dict[str, Any]) -> Dict[str, Any]:
+def bind_args(tool: str, given: Dict[str, Any]) -> Dict[str, Any]:
     params = TOOL_SCHEMAS[tool][1]
     known = {p.name for p in params}
     unknown = sorted(set(given) - known)
@@ -117,7 +117,7 @@ def _bind(tool: str, given: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _reject_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+def reject_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
     d = {}
     for k, v in pairs:
         if k in d:
@@ -164,19 +164,19 @@ def _parse(text: str) -> ToolCall:
     if len(body) > MAX_CALL_CHARS:
         raise ToolCallError(f"tool call longer than {MAX_CALL_CHARS} characters", "too_long")
     try:
-        value = json.loads(body, object_pairs_hook=_reject_duplicate_keys)
+        value = json.loads(body, object_pairs_hook=reject_duplicate_keys)
     except json.JSONDecodeError as e:
         raise ToolCallError(f"invalid JSON in tool call: {e.msg} at char {e.pos}", "bad_json")
     if compact:
         if not isinstance(value, list) or not value:
             raise ToolCallError('compact call must be a JSON array like ["read","a.py"]',
                                 "bad_shape")
-        name = _resolve_name(value[0])
+        name = resolve_name(value[0])
         params = TOOL_SCHEMAS[name][1]
         if len(value) - 1 > len(params):
             raise ToolCallError(f"{name}: takes at most {len(params)} argument(s)", "bad_args")
         given = {p.name: v for p, v in zip(params, value[1:])}
-        return ToolCall(name, _bind(name, given), compact=True)
+        return ToolCall(name, bind_args(name, given), compact=True)
     if not isinstance(value, dict):
         raise ToolCallError('tool call must be a JSON object {"name": ..., "args": {...}}',
                             "bad_shape")
@@ -186,8 +186,8 @@ def _parse(text: str) -> ToolCall:
     args = value.get("args", {})
     if not isinstance(args, dict):
         raise ToolCallError('"args" must be a JSON object', "bad_shape")
-    name = _resolve_name(value["name"])
-    return ToolCall(name, _bind(name, args), compact=False)
+    name = resolve_name(value["name"])
+    return ToolCall(name, bind_args(name, args), compact=False)
 
 
 def _escape_tags(body: str) -> str:
@@ -198,7 +198,7 @@ def _escape_tags(body: str) -> str:
 def format_tool_call(name: str, args: Optional[Dict[str, Any]] = None, compact: bool = False) -> str:
     """Render a call in the format `parse_tool_call` accepts (used by scripted policies)."""
     args = dict(args or {})
-    name = _resolve_name(name)
+    name = resolve_name(name)
     if not compact:
         body = _escape_tags(json.dumps({"name": name, "args": args}, ensure_ascii=False))
         return f"{FULL_OPEN}{body}{FULL_CLOSE}"

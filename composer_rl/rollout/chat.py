@@ -11,7 +11,10 @@ from composer_rl.data.byte_tokenizer import ByteTokenizer
 
 
 class ChatFormat:
-  """Renders message tokens for a `ByteTokenizer`-like tokenizer with role specials."""
+  """Renders message tokens for a `ByteTokenizer`-like tokenizer with role specials. Its
+  model writes the environment's compact call spelling (`env.call_syntax`)."""
+
+  call_syntax = "tool_compact"
 
   def __init__(self, tokenizer: ByteTokenizer):
     self.tok = tokenizer

@@ -21,21 +21,21 @@ every turn opens with an empty `<think>\n\n</think>\n\n` (what Qwen3's generatio
 adds), which the reference template drops from *earlier* turns when it re-renders; we keep
 what the model actually saw.
 
-`parse_tool_calls` reads the model's `<tool_call>` JSON into the environment's `ToolCall`s
-with `tool_call_format`'s checks and `ToolCallError` kinds; `to_env_text` rewrites one call
-into the environment's own spelling for `env.harness`.
+The calls themselves are the environment's `qwen3` call syntax
+(`composer_rl.env.qwen3_calls`, re-exported here: `parse_tool_calls`, `format_call`), so
+the harness parses what this layout's model writes; `to_env_text` rewrites one call into
+the environment's `<tool>` spelling.
 """
 import json
-import re
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from composer_rl.data.hf_tokenizer import HfTokenizer
 from composer_rl.env import tool_call_format as tcf
-from composer_rl.env.tool_call_format import ToolCall, ToolCallError
+from composer_rl.env.qwen3_calls import (  # noqa: F401  (part of this module's API)
+    CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN, format_call, parse_tool_call,
+    parse_tool_calls)
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query."
                 "\n\nYou are provided with function signatures within <tools></tools> XML tags:"
                 "\n<tools>")
@@ -80,12 +80,6 @@ def env_tools() -> List[Dict[str, Any]]:
   return out
 
 
-def format_call(name: str, arguments: Dict[str, Any]) -> str:
-  """One call as Qwen3 writes it (the template's spelling, `json.dumps` separators)."""
-  return (f'{CALL_OPEN}\n{{"name": "{name}", "arguments": '
-          f'{json.dumps(arguments, ensure_ascii=False)}}}\n{CALL_CLOSE}')
-
-
 def assistant_text(content: str = "", tool_calls: Sequence[Dict[str, Any]] = (),
                    reasoning: Optional[str] = None) -> str:
   """The canonical text of an assistant turn (without the closing <|im_end|>), as the
@@ -108,6 +102,8 @@ class Qwen3ChatFormat:
     None or [] = no tools block). enable_thinking: False opens every assistant turn with
     an empty think block, as Qwen3's `enable_thinking=False` generation prompt does.
   """
+
+  call_syntax = "qwen3"  # what the environment parses (`env.call_syntax`)
 
   def __init__(self, tokenizer: HfTokenizer, tools: Optional[Sequence[Dict]] = (),
                enable_thinking: bool = True):
@@ -163,83 +159,6 @@ class Qwen3ChatFormat:
   @property
   def end_of_turn(self) -> int:
     return self._ids[IM_END]
-
-
-# ---- the model's tool calls -------------------------------------------------------------
-_TAG_RE = re.compile(re.escape(CALL_OPEN) + "|" + re.escape(CALL_CLOSE))
-
-
-# tool_call_format's own checks (duplicate keys, tool names, argument binding), reused so
-# both spellings accept and reject exactly the same calls.
-_no_dup_keys = tcf._reject_duplicate_keys  # pylint: disable=protected-access
-_resolve_name = tcf._resolve_name  # pylint: disable=protected-access
-_bind = tcf._bind  # pylint: disable=protected-access
-
-
-def _call_from_json(body: str) -> ToolCall:
-  if len(body) > tcf.MAX_CALL_CHARS:
-    raise ToolCallError(f"tool call longer than {tcf.MAX_CALL_CHARS} characters", "too_long")
-  try:
-    value = json.loads(body, object_pairs_hook=_no_dup_keys)
-  except json.JSONDecodeError as e:
-    raise ToolCallError(f"invalid JSON in tool call: {e.msg} at char {e.pos}", "bad_json")
-  if not isinstance(value, dict) or "name" not in value or set(value) - {"name", "arguments"}:
-    raise ToolCallError('tool call must be a JSON object {"name": ..., "arguments": {...}}',
-                        "bad_shape")
-  args = value.get("arguments", {})
-  if isinstance(args, str):  # some models write the arguments as a JSON string
-    try:
-      args = json.loads(args, object_pairs_hook=_no_dup_keys)
-    except json.JSONDecodeError as e:
-      raise ToolCallError(f"invalid JSON in tool call arguments: {e.msg} at char {e.pos}",
-                          "bad_json")
-  if not isinstance(args, dict):
-    raise ToolCallError('"arguments" must be a JSON object', "bad_shape")
-  name = _resolve_name(value["name"])
-  return ToolCall(name, _bind(name, args))
-
-
-def _parse_calls(text: str) -> List[ToolCall]:
-  if not isinstance(text, str):
-    raise ToolCallError("model output must be text", "bad_shape")
-  if THINK_CLOSE in text:  # calls written while thinking are not calls
-    text = text.rsplit(THINK_CLOSE, 1)[1]
-  elif THINK_OPEN in text:
-    raise ToolCallError(f"the turn ended inside {THINK_OPEN} (no {THINK_CLOSE})", "no_call")
-  tags = list(_TAG_RE.finditer(text))
-  if not tags:
-    raise ToolCallError("no tool call found; write one like <tool_call>\n"
-                        '{"name": "submit", "arguments": {}}\n</tool_call>', "no_call")
-  calls, pos = [], None
-  for m in tags:
-    if m.group(0) == CALL_OPEN:
-      if pos is not None:
-        raise ToolCallError(f"{CALL_OPEN} opened again before {CALL_CLOSE}", "unterminated")
-      pos = m.end()
-    else:
-      if pos is None:
-        raise ToolCallError(f"{CALL_CLOSE} without {CALL_OPEN}", "unterminated")
-      calls.append(_call_from_json(text[pos:m.start()]))
-      pos = None
-  if pos is not None:
-    raise ToolCallError(f"tool call must end with {CALL_CLOSE}", "unterminated")
-  if text[tags[-1].end():].strip():
-    raise ToolCallError(f"nothing may follow the last {CALL_CLOSE}", "trailing_text")
-  return calls
-
-
-def parse_tool_calls(text: str) -> List[ToolCall]:
-  """All `<tool_call>` blocks of a model turn (after its reasoning), checked against the
-  environment's tool schemas; raises only `ToolCallError` (kinds as in tool_call_format)."""
-  return tcf.guarded_parse(_parse_calls, text)
-
-
-def parse_tool_call(text: str) -> ToolCall:
-  """Exactly one call (the environment runs one per turn)."""
-  calls = parse_tool_calls(text)
-  if len(calls) != 1:
-    raise ToolCallError("exactly one tool call per turn", "multiple_calls")
-  return calls[0]
 
 
 def to_env_text(text: str) -> str:

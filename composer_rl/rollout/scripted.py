@@ -44,7 +44,7 @@ def scripted_trajectory(policy, task, env, chat: ChatFormat, system_prompt: str 
                         group_id: int = 0, session_id: int = 0,
                         compaction: Optional[compaction_lib.CompactionConfig] = None,
                         max_seq_len: int = 0) -> Trajectory:
-  """Runs `policy` (reset(task, compact), act(obs) -> text) through `env` to a reward."""
+  """Runs `policy` (reset(task, syntax), act(obs) -> text) through `env` to a reward."""
   traj = Trajectory(task_id=task.id, group_id=group_id, session_id=session_id, tokens=[],
                     loss_mask=[], logprobs=[], versions=[])
   s = LiveSession(traj=traj, env=env)
@@ -57,7 +57,7 @@ def scripted_trajectory(policy, task, env, chat: ChatFormat, system_prompt: str 
     obs = env.reset()
     traj.prompt, traj.system_prompt = obs, system_prompt
     s.extend_context(chat.start(system_prompt, obs))
-    policy.reset(task, getattr(env.config, "compact_prompt", False))
+    policy.reset(task, env.config.call_syntax)
     while True:
       text = policy.act(obs)
       turn = chat.tok.encode(text) + [chat.end_of_turn]

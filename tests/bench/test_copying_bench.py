@@ -35,6 +35,7 @@ def test_probe_runs_and_reports_the_curve():
   assert out["chance"] == 2.944 and out["copy_loss"][0] > 5.0
 
 
+@pytest.mark.slow  # ~90 s: a whole smoke agent-RL run before the diagnostic
 def test_policy_scores_a_saved_sft_policy(tmp_path):
   from composer_rl.bench.long_sessions import experiment_config
   from composer_rl.controller import agent_rl

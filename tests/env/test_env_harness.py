@@ -88,7 +88,7 @@ def test_tool_allow_list():
     """A tool outside `EnvConfig.tools` runs nothing and answers with an error; the system
     prompt lists only the allowed tools (and submit); unknown names are refused up front."""
     task = get_task("generated", "train", 21)
-    env = make_env(task, EnvConfig(max_turns=4, compact_prompt=True, tools=("read_file",)))
+    env = make_env(task, EnvConfig(max_turns=4, call_syntax="tool_compact", tools=("read_file",)))
     try:
         prompt = env.reset()
         assert "read path" in prompt and "grep" not in prompt and "submit" in prompt

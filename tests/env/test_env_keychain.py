@@ -25,7 +25,7 @@ import tiny_compaction  # noqa: E402
 CFG = tiny_compaction.agent_config()
 WINDOW = CFG.model.max_seq_len
 COMP = cl.CompactionConfig(**dict(CFG.rl.compaction))
-ENV = EnvConfig(compact_prompt=True, max_turns=CFG.env.max_turns,
+ENV = EnvConfig(call_syntax="tool_compact", max_turns=CFG.env.max_turns,
                 system_prompt=CFG.env.system_prompt, tools=tuple(CFG.env.tools))
 CHAT = ChatFormat(ByteTokenizer())
 ALL_TOOLS = dataclasses.replace(ENV, tools=())
@@ -78,19 +78,17 @@ def test_task_json_round_trip_keeps_world_only_and_reads_older_files():
 def test_graded_in_the_sandbox_and_the_parts_cannot_be_imported(index):
     task = keychain.generate("heldout", index)
     key = task.meta["key"]
-    assert run_episode("oracle", task, ENV, compact=True).reward == 1.0
-    assert run_episode("null", task, ENV, compact=True).reward == 0.0
-    assert run_episode(Answer(f"def key():\n    return '{key[:-1]}x'\n"), task, ALL_TOOLS,
-                       compact=True).reward == 0.0
-    assert run_episode(Answer(f"def key():\n    return '{key}'\n"), task, ALL_TOOLS,
-                       compact=True).reward == 1.0
+    assert run_episode("oracle", task, ENV).reward == 1.0
+    assert run_episode("null", task, ENV).reward == 0.0
+    assert run_episode(Answer(f"def key():\n    return '{key[:-1]}x'\n"), task, ALL_TOOLS).reward == 0.0
+    assert run_episode(Answer(f"def key():\n    return '{key}'\n"), task, ALL_TOOLS).reward == 1.0
     # Importing the parts works in the world but not at grading: the modules are world_only.
     imports = "from m1 import k1\nfrom m2 import k2\nfrom m3 import k3\nfrom m4 import k4\n" + (
         keychain.KEY_SOURCE[len(keychain.BLANKS):])
-    r = run_episode(Answer(imports), task, ALL_TOOLS, compact=True)
+    r = run_episode(Answer(imports), task, ALL_TOOLS)
     assert r.reward == 0.0 and r.result.info["tests"]["test_key"]["outcome"] == "error"
     leaky = dataclasses.replace(task, world_only=())  # the same task, modules left in
-    assert run_episode(Answer(imports), leaky, ALL_TOOLS, compact=True).reward == 1.0
+    assert run_episode(Answer(imports), leaky, ALL_TOOLS).reward == 1.0
 
 
 def test_a_solving_session_exceeds_the_window_and_search_and_run_are_not_offered():

@@ -20,7 +20,7 @@ from composer_rl.rollout.scripted import scripted_trajectory
 WINDOW = 1024
 COMP = cl.CompactionConfig(enabled=True, trigger_fraction=0.55, max_compactions=4,
                            summary_max_tokens=64)
-ENV = EnvConfig(compact_prompt=True, max_turns=10, system_prompt="Fix the bug, then submit.")
+ENV = EnvConfig(call_syntax="tool_compact", max_turns=10, system_prompt="Fix the bug, then submit.")
 
 
 class ReadAll(ScriptedPolicy):
@@ -58,14 +58,14 @@ def test_numbered_source_is_the_same_tasks_with_fixed_module_names():
             a.meta["func"], a.meta["target_position"], a.meta["variant"])
         assert b.module == f"m{a.meta['target_position'] + 1}" and b.id != a.id
     task = get_task("multifile_numbered", "train", 0)
-    assert run_episode("oracle", task, ENV, compact=True).reward == 1.0
+    assert run_episode("oracle", task, ENV).reward == 1.0
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_oracle_solves_and_null_does_not_in_the_sandbox(index):
     task = multifile.generate("train", index)
-    assert run_episode("oracle", task, ENV, compact=True).reward == 1.0
-    assert run_episode("null", task, ENV, compact=True).reward == 0.0
+    assert run_episode("oracle", task, ENV).reward == 1.0
+    assert run_episode("null", task, ENV).reward == 0.0
     # Editing the wrong module does not count: the checks call the buggy module.
     wrong = next(p for p in task.meta["files"] if p != task.oracle[0].path)
 
@@ -74,7 +74,7 @@ def test_oracle_solves_and_null_does_not_in_the_sandbox(index):
             e = t.oracle[0]
             return [("write_file", {"path": wrong, "content": t.fixed_files()[e.path]}),
                     ("submit", {})]
-    assert run_episode(WrongFile(), task, ENV, compact=True).reward == 0.0
+    assert run_episode(WrongFile(), task, ENV).reward == 0.0
 
 
 def test_reading_every_module_exceeds_the_window():

@@ -7,7 +7,7 @@ import collections
 
 import pytest
 
-from composer_rl.env import get_task, run_episode
+from composer_rl.env import EnvConfig, get_task, run_episode
 from composer_rl.env.tasks.realrepo import load_toolz_tasks
 
 # Each adversary step must leave at least one log entry of one of these kinds.
@@ -52,7 +52,8 @@ def test_real_repo_sample():
 
 
 def test_compact_format_oracle():
-    r = run_episode("oracle", get_task("generated", "train", 7), compact=True)
+    r = run_episode("oracle", get_task("generated", "train", 7),
+                    EnvConfig(call_syntax="tool_compact"))
     assert r.reward == 1.0 and r.trajectory[0]["action"].startswith("<t>[")
 
 

@@ -39,8 +39,8 @@ def _check(report):
   assert report["skipped_device_counts"] == []
 
 
-@pytest.mark.parametrize("seed", [0, 1] + [pytest.param(s, marks=pytest.mark.slow)
-                                            for s in range(2, 8)])
+@pytest.mark.parametrize("seed", [0] + [pytest.param(s, marks=pytest.mark.slow)
+                                         for s in range(1, 8)])
 def test_random_shapes_are_bitwise_exact(seed):
   cfg = _random_config(seed)
   rng = np.random.default_rng(100 + seed)

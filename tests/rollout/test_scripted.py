@@ -11,7 +11,7 @@ def test_oracle_demo_has_reward_one_and_loss_only_on_its_turns():
   tok = ByteTokenizer()
   chat = ChatFormat(tok)
   task = generated.generate("train", 0, 0)
-  t = scripted_trajectory(make_policy("oracle"), task, make_env(task, EnvConfig(compact_prompt=True)),
+  t = scripted_trajectory(make_policy("oracle"), task, make_env(task, EnvConfig(call_syntax="tool_compact")),
                           chat)
   assert t.reward == 1.0 and t.turns >= 2
   sampled = tok.decode([x for x, m in zip(t.tokens, t.loss_mask) if m])
