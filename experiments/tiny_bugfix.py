@@ -12,6 +12,9 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "agent_rl"   # which controller launch/train.py runs
   c.seed = 0
+  # A converted Hugging Face checkpoint to start from (launch/convert_checkpoint.py; with
+  # chat.format='qwen3' its tokenizer comes along); '' = this from-scratch byte model.
+  c.init_checkpoint = ""
   # Byte-level model (vocab = the tokenizer's 264). max_seq_len bounds a whole session.
   c.model = ml_collections.ConfigDict(dict(
       d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, d_ff=384,

@@ -201,7 +201,8 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
 def run(config, workdir: str, init_params=None, sft_from: str = "") -> Dict:
   """Runs (or resumes, from `workdir/checkpoints`) the experiment; returns the summary,
   which is also the last stdout line (JSON). `init_params` (host arrays of the same
-  architecture) start SFT from an earlier stage's weights instead of a fresh init;
+  architecture) start SFT from an earlier stage's weights instead of a fresh init (default:
+  config.init_checkpoint's weights, if set);
   `sft_from` (a workdir of a run with the same SFT inputs) skips SFT and starts RL from
   that run's SFT policy (an ablation's arms share one SFT stage)."""
   os.makedirs(workdir, exist_ok=True)
@@ -216,6 +217,8 @@ def run(config, workdir: str, init_params=None, sft_from: str = "") -> Dict:
     s.metrics.truncate_phase("rl", restored.step)
     print(f"composer_rl: resumed at RL step {restored.step} from {workdir}", flush=True)
   else:  # step 0 of RL is the SFT policy: checkpointed, so SFT never runs twice
+    if init_params is None:
+      init_params = s.init_params()  # config.init_checkpoint's weights, if any
     sft_params = (agent_sft.saved_sft_params(s, step, sft_from) if sft_from
                   else agent_sft.sft_stage(s, init_params).params)
     book = dict(sft_eval=evaluate(s, sft_params, config.eval.num_heldout, "sft"))

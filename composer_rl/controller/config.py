@@ -68,6 +68,10 @@ MODEL = Dataclass(_model_config, "fields of composer_rl.model.ModelConfig; vocab
 AGENT_RL = Section(dict(
     kind=Field("agent_rl", str, "what launch/train.py runs", choices=("agent_rl",)),
     seed=Field(0, int, "parameter init, task order and sampling seed", **NONNEG),
+    init_checkpoint=Field("", str, "a converted Hugging Face checkpoint "
+                          "(launch/convert_checkpoint.py): its architecture, weights and "
+                          "tokenizer (hf_files/) start the run; config.model then sets only "
+                          "runtime fields (max_seq_len, compute_dtype, ...)"),
     model=MODEL,
     mesh=Section(dict(
         train_fraction=Field(0.5, float, "share of the host's devices in the train mesh (one "

@@ -48,6 +48,10 @@ class ModelConfig:
       0 = the largest divisor of max_seq_len that is <= 128. Part of the numerics (sampler
       and trainer share it); with exact_numerics it must be <= 256. Packed training rows
       start documents on key-block boundaries.
+    token_count: ids the tokenizer has (0 = all `vocab_size`). The logits of ids from
+      `token_count` on are -inf, so they are never sampled and carry no probability: the
+      embedding rows a checkpoint pads past its tokenizer (Qwen3: 151,936 rows for 151,669
+      tokens) can decode to nothing.
     exact_numerics: True (default) runs the batch-invariant ops of `composer_rl.ops.exact`
       (fixed contraction chunks, >= 8 rows per dot, attention in fixed key blocks);
       False runs plain whole-width matmuls and one-block attention: sampler and trainer
@@ -76,6 +80,7 @@ class ModelConfig:
   row_tile: int = 16
   attention_key_block: int = 0
   exact_numerics: bool = True
+  token_count: int = 0
 
   def __post_init__(self):
     def bad(msg):
@@ -84,6 +89,8 @@ class ModelConfig:
                  "head_dim", "d_ff", "max_seq_len", "row_tile"):
       if int(getattr(self, name)) <= 0:
         bad(f"{name} must be positive, got {getattr(self, name)!r}")
+    if not 0 <= self.token_count <= self.vocab_size:
+      bad(f"token_count={self.token_count} must be in [0, vocab_size={self.vocab_size}]")
     kb = self.attention_key_block
     if kb < 0 or (kb and self.max_seq_len % kb):
       bad(f"attention_key_block={kb} must be 0 (automatic) or divide max_seq_len="

@@ -125,7 +125,10 @@ class Transformer(nnx.Module):
     c = self.config
     h = exact.rms_norm(exact.pad_rows(hidden), self._w(self.final_norm), c.norm_eps)
     w = self.embed[...].T if c.tie_embeddings else self.lm_head[...]
-    return self._dense(h, w)[:hidden.shape[0]]
+    out = self._dense(h, w)[:hidden.shape[0]]
+    if 0 < c.token_count < c.vocab_size:  # ids past the tokenizer: never sampled or scored
+      out = jnp.where(jnp.arange(c.vocab_size) < c.token_count, out, -jnp.inf)
+    return out
 
   def _qkv(self, attn: Attention, x, positions):
     c, dt = self.config, self.config.compute_jnp_dtype

@@ -5,6 +5,7 @@ SFT, rollouts, RL and evaluation then run with its ids, `<|im_start|>` turns and
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -39,17 +40,44 @@ def tokenizer_dir(tmp_path_factory):
   return out
 
 
+def _convert(tokenizer_dir, hf_dir, out, vocab_size):
+  """A Qwen3-architecture model made by `transformers` (random init, 2 layers), saved with
+  the tokenizer, then converted: what a user's `launch/convert_checkpoint.py` run gives."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  from composer_rl.model import hf_qwen3  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  cfg = transformers.Qwen3Config(
+      vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
+      max_position_embeddings=2048, tie_word_embeddings=True)
+  transformers.Qwen3ForCausalLM._from_config(cfg).save_pretrained(str(hf_dir))
+  shutil.copy(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(hf_dir,
+                                                                          "tokenizer.json"))
+  hf_qwen3.convert(str(hf_dir), str(out))
+  return str(out)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tokenizer_dir, tmp_path_factory):
+  # The embedding is padded past the tokenizer's ~1,000 tokens, as Qwen3's is.
+  return _convert(tokenizer_dir, tmp_path_factory.mktemp("qwen3_hf"),
+                  tmp_path_factory.mktemp("qwen3_ckpt"), 1024)
+
+
 def _rows(path):
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def test_agent_rl_runs_in_qwen3_format(tmp_path, tokenizer_dir):
+def test_agent_rl_runs_a_converted_checkpoint_in_qwen3_format(tmp_path, tokenizer_dir,
+                                                               checkpoint):
+  """The checkpoint's architecture, weights and tokenizer (its hf_files/) start the run."""
   wd = tmp_path / "wd"
   cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
          f"--config={os.path.join(ROOT, 'experiments', 'tiny_bugfix.py')}:smoke",
          f"--workdir={wd}", "--config.chat.format=qwen3",
-         f"--config.chat.tokenizer={tokenizer_dir}", "--config.sft.num_demos=6",
+         f"--config.init_checkpoint={checkpoint}", "--config.sft.num_demos=6",
          "--config.rl.max_turn_tokens=48", "--config.model.max_seq_len=2048"]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -100,3 +128,20 @@ def test_bad_chat_settings_are_named(tmp_path, tokenizer_dir):
   s = agent_setup.Setup(_config(format="qwen3", tokenizer=tokenizer_dir), str(tmp_path))
   assert s.model_config.vocab_size == HfTokenizer(tokenizer_dir).vocab_size
   assert s.env_config.call_syntax == "qwen3"
+
+
+def test_checkpoint_settings_are_checked(tmp_path, tokenizer_dir, checkpoint):
+  c = _config(format="qwen3")
+  c.init_checkpoint = checkpoint
+  c.model.max_seq_len = 256  # a runtime field: taken; the architecture is the checkpoint's
+  s = agent_setup.Setup(c, str(tmp_path / "ok"))
+  assert (s.model_config.vocab_size, s.model_config.d_model, s.model_config.max_seq_len) == (
+      1024, 32, 256)
+  c.init_checkpoint = str(tmp_path)
+  with pytest.raises(FileNotFoundError, match="no model_config.json"):
+    agent_setup.Setup(c, str(tmp_path / "missing"))
+  # A model whose vocabulary is smaller than the tokenizer's does not belong with it.
+  small = _convert(tokenizer_dir, tmp_path / "hf_small", tmp_path / "ckpt_small", 512)
+  c.init_checkpoint = small
+  with pytest.raises(ValueError, match=r"has a vocabulary of 512: they do not belong"):
+    agent_setup.Setup(c, str(tmp_path / "mismatch"))

@@ -137,3 +137,24 @@ def test_presets_have_qwen3_shapes_without_instantiating():
   assert 0.55e9 < n < 0.65e9, n  # Qwen3-0.6B has ~0.6B parameters (tied embeddings)
   with pytest.raises(ValueError, match="unknown model preset"):
     get_preset("qwen9")
+
+
+def test_ids_past_the_tokenizer_are_never_sampled():
+  """`token_count`: a vocabulary padded past the tokenizer (Qwen3's) gives those ids -inf
+  logits, so sampling at any temperature never draws them and the rest still sum to 1."""
+  from composer_rl.sampling import head as head_lib  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match=r"token_count=20 must be in \[0, vocab_size=16\]"):
+    ModelConfig(vocab_size=16, token_count=20)
+  cfg = ModelConfig(vocab_size=16, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                    head_dim=16, d_ff=32, max_seq_len=16, compute_dtype="float32",
+                    token_count=10)
+  m = Transformer(cfg, rngs=nnx.Rngs(0))
+  hidden = jax.random.normal(jax.random.key(1), (64, cfg.d_model)) * 4.0
+  logits = np.asarray(m.logits(hidden))
+  assert np.all(np.isneginf(logits[:, 10:])) and np.all(np.isfinite(logits[:, :10]))
+  rows = head_lib.RowSampling.broadcast(64, 3.0, 0, 1.0)
+  keys = head_lib.token_keys(0, jnp.arange(64), jnp.zeros(64, jnp.int32))
+  out = head_lib.token_head(m.logits, hidden, keys, jnp.full((64,), -1), rows)
+  assert int(np.max(out.tokens)) < 10 and np.all(np.isfinite(out.logprobs))
+  lp = np.asarray(head_lib.transformed_logprobs(jnp.asarray(logits), rows))
+  np.testing.assert_allclose(np.exp(lp[:, :10]).sum(-1), 1.0, rtol=1e-5)
