@@ -1,8 +1,8 @@
 """Real tokenizer (`tokenizer.json`) and Qwen3's chat / tool-call format, token-in/token-out.
 
-A small byte-level BPE tokenizer is trained here with the `tokenizers` library, shaped like
-Qwen3's (its pre-tokenizer regex, its special and added tokens); the reference rendering is
-transformers' `apply_chat_template` with the Qwen3 chat template in
+A small byte-level BPE tokenizer shaped like Qwen3's is trained here
+(`composer_rl.data.bpe.train_qwen3_style`: its pre-tokenizer regex, special and added
+tokens); the reference rendering is transformers' `apply_chat_template` with the Qwen3 chat template in
 tests/data/qwen3_chat_template.jinja (written from memory of the published template).
 """
 import json
@@ -12,17 +12,13 @@ import pytest
 
 tokenizers = pytest.importorskip("tokenizers")
 
+from composer_rl.data import bpe  # noqa: E402
 from composer_rl.data.byte_tokenizer import ByteTokenizer  # noqa: E402
 from composer_rl.data.hf_tokenizer import HfTokenizer  # noqa: E402
 from composer_rl.env import tool_call_format as tcf  # noqa: E402
 from composer_rl.rollout import qwen3_chat as qc  # noqa: E402
 
 TEMPLATE = os.path.join(os.path.dirname(__file__), "..", "data", "qwen3_chat_template.jinja")
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>",
-         "</think>"]
-QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
-              r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 CORPUS = ["def add(a, b):\n    return a + b\n", "The tests in test_math.py fail.",
           '{"name": "read_file", "arguments": {"path": "src/app.py"}}',
           "I will read the file first, then fix the bug and run the tests.",
@@ -31,21 +27,7 @@ CORPUS = ["def add(a, b):\n    return a + b\n", "The tests in test_math.py fail.
 
 @pytest.fixture(scope="module")
 def tok_path(tmp_path_factory):
-  from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
-  from tokenizers import trainers
-  t = tokenizers.Tokenizer(models.BPE())
-  t.normalizer = normalizers.NFC()
-  t.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-  t.decoder = decoders.ByteLevel()
-  t.train_from_iterator(CORPUS, trainers.BpeTrainer(
-      vocab_size=400, special_tokens=SPECIAL,
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  t.add_tokens([AddedToken(a, special=False, normalized=False) for a in ADDED])
-  path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-  t.save(str(path))
-  return str(path)
+  return bpe.train_qwen3_style(CORPUS, 400, str(tmp_path_factory.mktemp("tok")))
 
 
 @pytest.fixture(scope="module")
