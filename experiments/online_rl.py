@@ -23,6 +23,11 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "online_rl"       # composer_rl.controller.online_rl
   c.seed = 0
+  # A converted Hugging Face checkpoint (launch/convert_checkpoint.py) to start from: its
+  # architecture, weights and tokenizer; config.model then sets only runtime fields.
+  c.init_checkpoint = ""
+  # Tokenizer and chat layout: 'byte' (this model), or 'qwen3' (the checkpoint's tokenizer).
+  c.chat = ml_collections.ConfigDict(dict(format="byte", tokenizer="", enable_thinking=False))
   c.model = ml_collections.ConfigDict(dict(
       d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, d_ff=192,
       max_seq_len=192, row_tile=32, compute_dtype="float32"))

@@ -6,3 +6,23 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
 
 import composer_rl  # noqa: E402,F401  (parity XLA flags must precede JAX's backend)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer(tmp_path_factory):
+  """A Qwen3-style byte-level BPE tokenizer directory (tests/qwen3_artifacts.py)."""
+  pytest.importorskip("tokenizers")
+  from tests import qwen3_artifacts  # pylint: disable=import-outside-toplevel
+  return qwen3_artifacts.make_tokenizer(str(tmp_path_factory.mktemp("qwen3_tok")))
+
+
+@pytest.fixture(scope="session")
+def qwen3_checkpoint(qwen3_tokenizer, tmp_path_factory):
+  """A converted checkpoint of a random 2-layer `transformers` Qwen3 model with that
+  tokenizer (tests/qwen3_artifacts.py)."""
+  from tests import qwen3_artifacts  # pylint: disable=import-outside-toplevel
+  return qwen3_artifacts.make_checkpoint(
+      qwen3_tokenizer, str(tmp_path_factory.mktemp("qwen3_hf")),
+      str(tmp_path_factory.mktemp("qwen3_ckpt")))

@@ -26,6 +26,7 @@ import os
 import time
 from typing import Dict, List
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -34,7 +35,7 @@ from composer_rl.controller.agent_eval import context_stats, evaluate, write_rol
 from composer_rl.controller.agent_setup import Setup
 from composer_rl.controller.remote_rollouts import RemoteRollouts
 from composer_rl.controller.rollout_factory import Group, Ledger, RolloutFactory
-from composer_rl.model import inference_copy
+from composer_rl.model import hf_qwen3, inference_copy
 from composer_rl.rollout.compaction import expand_segments
 from composer_rl.train import advantages as adv_lib
 from composer_rl.train import loop, losses, stages
@@ -232,6 +233,9 @@ def run(config, workdir: str, init_params=None, sft_from: str = "") -> Dict:
   if full:  # the reference: the same weights with a window the sessions fit in
     summary.update(evaluate(s, state.params, config.eval.num_heldout, "rl_full_window",
                             context_mode="none", max_seq_len=full))
+  if config.init_checkpoint:  # exportable: launch/convert_checkpoint.py --export_from
+    hf_qwen3.save_trained(os.path.join(workdir, "final_params"), s.model_config,
+                          jax.device_get(state.params), config.init_checkpoint)
   summary.update(rl_info, total_seconds=time.time() - t0)
   summary["gain_points"] = 100 * (summary["heldout_solve_rate_rl"]
                                   - summary["heldout_solve_rate_sft"])

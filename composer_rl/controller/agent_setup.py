@@ -12,12 +12,11 @@ from composer_rl.controller import config as config_lib
 from composer_rl.controller import placement
 from composer_rl.env.harness import EnvConfig, make_env
 from composer_rl.env.tasks import TASK_SOURCES
-from composer_rl.model import ModelConfig, Transformer, hf_qwen3, inference_copy, sharding
+from composer_rl.model import Transformer, hf_qwen3, inference_copy, sharding
 from composer_rl.rollout import compaction as compaction_lib, formats
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.rollout.summary_judge import SummaryJudgeConfig
 from composer_rl.sampling.engine import Engine
-from composer_rl.train.config import ARCHITECTURE_FIELDS
 from composer_rl.train.metrics import MetricsWriter
 
 
@@ -29,19 +28,12 @@ class Setup:
     config_lib.validate(config, "agent_rl")  # defaults filled in: fields are read directly
     self.config, self.workdir = config, workdir
     c, ckpt = config.chat, config.init_checkpoint
-    if ckpt and not os.path.exists(os.path.join(ckpt, hf_qwen3.MODEL_CONFIG_FILE)):
-      raise FileNotFoundError(f"config.init_checkpoint={ckpt!r}: no {hf_qwen3.MODEL_CONFIG_FILE}"
-                              " (convert a Hugging Face checkpoint with "
-                              "launch/convert_checkpoint.py)")
-    # A converted checkpoint brings its tokenizer (hf_files/) unless chat.tokenizer names one.
-    tok_dir = c.tokenizer or (os.path.join(ckpt, hf_qwen3.HF_FILES_DIR) if ckpt else "")
-    self.chat = formats.make_chat(c.format, tok_dir, config.env.tools, c.enable_thinking)
+    self.chat = formats.from_config(c, ckpt, config.env.tools)
+    if not worker:  # what the viewer needs to read the run's tokens and calls
+      formats.write_run_chat(workdir, self.chat, c.tokenizer or (
+          os.path.join(ckpt, hf_qwen3.HF_FILES_DIR) if ckpt else ""))
     self.tok = self.chat.tok
-    if c.format != "byte" and (self.compaction().enabled
-                               or config.eval.context_mode not in ("", "none")):
-      raise ValueError(f"context compaction (config.rl.compaction, config.eval.context_mode) "
-                       f"supports chat.format='byte' only, not {c.format!r} yet")
-    self.model_config = self._model_config(config, ckpt)
+    self.model_config = hf_qwen3.run_model_config(config.model, ckpt, self.tok.vocab_size)
     if worker:
       inference_meshes = [sharding.make_mesh({"data": -1})]
       self.mesh = None
@@ -64,20 +56,6 @@ class Setup:
     self.engines = [Engine(abstract, slots=config.rl.slots, prefill_chunk=config.rl.prefill_chunk,
                            mesh=m) for m in inference_meshes]
     self.metrics = MetricsWriter(workdir)
-
-  def _model_config(self, config, ckpt: str) -> ModelConfig:
-    """config.model with the tokenizer's vocabulary; with a checkpoint, its architecture
-    with config.model's runtime fields (max_seq_len, compute_dtype, row_tile, ...)."""
-    if not ckpt:
-      return ModelConfig(**dict(config.model), vocab_size=self.tok.vocab_size)
-    runtime = {k: v for k, v in dict(config.model).items() if k not in ARCHITECTURE_FIELDS}
-    mc = hf_qwen3.load_model_config(ckpt, **runtime)
-    if self.tok.vocab_size > mc.vocab_size:
-      raise ValueError(f"the tokenizer has {self.tok.vocab_size} tokens but the model in "
-                       f"{ckpt} has a vocabulary of {mc.vocab_size}: they do not belong "
-                       "together (chat.tokenizer / chat.format)")
-    # Embedding rows past the tokenizer (a padded vocabulary) are never sampled.
-    return mc if mc.token_count else dataclasses.replace(mc, token_count=self.tok.vocab_size)
 
   def init_params(self):
     """The checkpoint's weights (host arrays) when config.init_checkpoint is set, else None

@@ -65,26 +65,29 @@ def _policy_update(advantage: str, learning_rate: float, temperature_doc: str):
 MODEL = Dataclass(_model_config, "fields of composer_rl.model.ModelConfig; vocab_size comes "
                   "from the tokenizer", exclude=("vocab_size",))
 
+INIT_CHECKPOINT = Field("", str, "a converted Hugging Face checkpoint "
+                        "(launch/convert_checkpoint.py): its architecture, weights and "
+                        "tokenizer (hf_files/) start the run; config.model then sets only "
+                        "runtime fields (max_seq_len, compute_dtype, ...)")
+CHAT = Section(dict(
+    format=Field("byte", str, "tokenizer, session layout and tool-call syntax",
+                 choices=_names("composer_rl.rollout.formats", "CHAT_FORMATS")),
+    tokenizer=Field("", str, "directory with the tokenizer.json of formats that read "
+                    "one ('qwen3')"),
+    enable_thinking=Field(False, bool, "qwen3: turns may open with reasoning (False: "
+                          "each opens with an empty <think> block, as Qwen3's "
+                          "enable_thinking=False prompt does)")))
+
 AGENT_RL = Section(dict(
     kind=Field("agent_rl", str, "what launch/train.py runs", choices=("agent_rl",)),
     seed=Field(0, int, "parameter init, task order and sampling seed", **NONNEG),
-    init_checkpoint=Field("", str, "a converted Hugging Face checkpoint "
-                          "(launch/convert_checkpoint.py): its architecture, weights and "
-                          "tokenizer (hf_files/) start the run; config.model then sets only "
-                          "runtime fields (max_seq_len, compute_dtype, ...)"),
+    init_checkpoint=INIT_CHECKPOINT,
     model=MODEL,
     mesh=Section(dict(
         train_fraction=Field(0.5, float, "share of the host's devices in the train mesh (one "
                              "device: training and sampling share it)", min=0.0, max=1.0),
         inference_meshes=Field(1, int, "engines, one per inference mesh", **POS))),
-    chat=Section(dict(
-        format=Field("byte", str, "tokenizer, session layout and tool-call syntax",
-                     choices=_names("composer_rl.rollout.formats", "CHAT_FORMATS")),
-        tokenizer=Field("", str, "directory with the tokenizer.json of formats that read "
-                        "one ('qwen3')"),
-        enable_thinking=Field(False, bool, "qwen3: turns may open with reasoning (False: "
-                              "each opens with an empty <think> block, as Qwen3's "
-                              "enable_thinking=False prompt does)"))),
+    chat=CHAT,
     env=Section(dict(
         max_turns=Field(4, int, "tool calls before a session ends without submitting", **POS),
         grade_timeout_s=Field(30.0, float, "wall clock of one grading run", min=1e-3),
@@ -160,7 +163,9 @@ def _check_arms(arms) -> None:
 ONLINE_RL = Section(dict(
     kind=Field("online_rl", str, "what launch/train.py runs", choices=("online_rl",)),
     seed=Field(0, int, "parameter init and sampling seed", **NONNEG),
+    init_checkpoint=INIT_CHECKPOINT,
     model=MODEL,
+    chat=CHAT,
     serve=Dataclass(_serve_settings, "the server's settings (composer_rl.serving.service)"),
     tasks=Section(dict(seed=Field(0, int, "task generator seed", **NONNEG))),
     eval=Section(dict(num_heldout=Field(200, int, "held-out questions evaluated", **NONNEG))),

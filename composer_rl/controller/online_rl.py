@@ -34,11 +34,10 @@ import numpy as np
 from flax import nnx
 
 from composer_rl.controller import config as config_lib
-from composer_rl.data.byte_tokenizer import ByteTokenizer
-from composer_rl.model import Transformer, inference_copy, sharding
+from composer_rl.model import Transformer, hf_qwen3, inference_copy, sharding
 from composer_rl.online import ingest, tasks as tasks_lib
 from composer_rl.online.scripted_user import __file__ as USER_SCRIPT
-from composer_rl.rollout.chat import ChatFormat
+from composer_rl.rollout import formats
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
 from composer_rl.sampling.engine import Engine
 from composer_rl.serving import loading
@@ -53,7 +52,7 @@ from composer_rl.train.optimizer import OptimizerConfig
 from composer_rl.train.train_step import TrainConfig, make_train_step
 
 
-def demonstrations(config, chat: ChatFormat, system: str) -> List[Dict]:
+def demonstrations(config, chat, system: str) -> List[Dict]:
   """SFT rows: (system, task) prompt, then the demonstrated answer (the only loss)."""
   c = config.sft
   rows = []
@@ -66,15 +65,17 @@ def demonstrations(config, chat: ChatFormat, system: str) -> List[Dict]:
   return rows
 
 
-def sft_stage(config, mc, mesh, chat: ChatFormat, system: str, metrics: MetricsWriter):
+def sft_stage(config, mc, mesh, chat, system: str, metrics: MetricsWriter):
+  """SFT from config.init_checkpoint's weights (or a fresh initialization)."""
   c = config.sft
   rows = demonstrations(config, chat, system)
   rng = np.random.default_rng(config.seed)
   return stages.sft_stage(
       mc, mesh, learning_rate=c.learning_rate, warmup_steps=c.warmup_steps, steps=c.steps,
       batch_size=c.batch_size, metrics=metrics, log_every=c.log_every, seed=config.seed,
-      sample=lambda k: [rows[i] for i in rng.choice(len(rows), c.batch_size, replace=False)]
-  ).params
+      sample=lambda k: [rows[i] for i in rng.choice(len(rows), c.batch_size, replace=False)],
+      init_params=(hf_qwen3.load_params(config.init_checkpoint) if config.init_checkpoint
+                   else None)).params
 
 
 def _user(base_url: str, model: str, tasks_path: str, out: str, **flags) -> subprocess.Popen:
@@ -137,9 +138,8 @@ def run(config, workdir: str) -> Dict:
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   c = config.online
-  tok = ByteTokenizer()
-  chat = ChatFormat(tok)
-  mc = loading.model_config_of(config, tok)
+  chat = formats.from_config(config.chat, config.init_checkpoint, tools=None)
+  mc = hf_qwen3.run_model_config(config.model, config.init_checkpoint, chat.tok.vocab_size)
   mesh = sharding.make_mesh({"data": -1})
   metrics = MetricsWriter(workdir)
   settings = ServeSettings.from_config(config, "online_rl")

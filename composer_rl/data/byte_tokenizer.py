@@ -35,6 +35,10 @@ class ByteTokenizer:
   def is_special(self, token_id: int) -> bool:
     return token_id >= self.num_bytes
 
+  def token_bytes(self, token_id: int) -> bytes:
+    """The bytes a token adds to the text (b"" for a special token)."""
+    return bytes([token_id]) if 0 <= token_id < self.num_bytes else b""
+
   def name(self, token_id: int) -> str:
     if 0 <= token_id < self.num_bytes:
       return repr(bytes([token_id]))[2:-1]

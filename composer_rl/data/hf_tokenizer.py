@@ -10,6 +10,9 @@ Two encoders, because the chat layout is built from pieces:
 * `encode_markup(text)` also recognizes the special tokens: the encoding of a fully
   rendered conversation, which tests compare with the piecewise one.
 
+`token_bytes(id)` is one token's share of the text as bytes (a byte-level BPE token can
+hold part of a UTF-8 character), so a streamed completion is decoded incrementally.
+
 `decode` drops special (control) tokens and keeps the non-special added ones, like
 `tokenizer.decode(ids, skip_special_tokens=True)` in transformers: the text of an assistant
 turn keeps its `<tool_call>` tags for the parser. Ids past the tokenizer's vocabulary (the
@@ -45,6 +48,7 @@ class HfTokenizer:
     self.EOT = self.token_id(eot)
     self.EOS = self.token_id(eos) if eos else self.EOT
     self.PAD = self.token_id(pad) if pad else self.EOS
+    self._bytes: Optional[List[bytes]] = None
 
   def token_id(self, text: str) -> int:
     """The id of a single token (e.g. '<|im_start|>'); KeyError naming it if absent."""
@@ -65,6 +69,39 @@ class HfTokenizer:
     """Text of `ids`; special tokens and out-of-vocabulary ids are dropped."""
     keep = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
     return self._markup.decode(keep, skip_special_tokens=True)
+
+  def token_bytes(self, token_id: int) -> bytes:
+    """The bytes token `token_id` adds to the decoded text (b"" for a special token or an
+    id past the vocabulary). Byte-level BPE tokens map back through the byte alphabet;
+    added tokens (`<tool_call>`) are their own text."""
+    if self._bytes is None:
+      self._bytes = self._byte_table()
+    return self._bytes[token_id] if 0 <= token_id < self.vocab_size else b""
+
+  def _byte_table(self) -> List[bytes]:
+    # GPT-2's byte -> printable character table (what ByteLevel pre-tokenization writes):
+    # printable Latin-1 bytes stand for themselves, the others for chr(256 + n) in order.
+    char_of, extra = {}, 0
+    for b in range(256):
+      if 33 <= b <= 126 or 161 <= b <= 172 or b >= 174:
+        char_of[b] = chr(b)
+      else:
+        char_of[b], extra = chr(256 + extra), extra + 1
+    byte_of = {c: b for b, c in char_of.items()}
+    added = self._markup.get_added_tokens_decoder()
+    table = []
+    for i in range(self.vocab_size):
+      if i in self._special:
+        table.append(b"")
+      elif i in added:
+        table.append(added[i].content.encode("utf-8"))
+      else:
+        piece = self._markup.id_to_token(i) or ""
+        if all(c in byte_of for c in piece):
+          table.append(bytes(byte_of[c] for c in piece))
+        else:  # not a byte-level vocabulary: the token's own decoding
+          table.append(self._markup.decode([i]).encode("utf-8"))
+    return table
 
   def is_special(self, token_id: int) -> bool:
     return token_id in self._special or not 0 <= token_id < self.vocab_size

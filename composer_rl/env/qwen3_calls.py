@@ -59,7 +59,10 @@ def _call_from_json(body: str) -> ToolCall:
   return ToolCall(name, tcf.bind_args(name, args))
 
 
-def _parse_calls(text: str) -> List[ToolCall]:
+def call_blocks(text: str) -> List[str]:
+  """The JSON body of each `<tool_call>` block of a model turn, after its reasoning;
+  ToolCallError when the blocks are not well formed (the body's
+  JSON is not read here: the environment and the server check it against their tools)."""
   if not isinstance(text, str):
     raise ToolCallError("model output must be text", "bad_shape")
   if THINK_CLOSE in text:  # calls written while thinking are not calls
@@ -70,7 +73,7 @@ def _parse_calls(text: str) -> List[ToolCall]:
   if not tags:
     raise ToolCallError("no tool call found; write one like <tool_call>\n"
                         '{"name": "submit", "arguments": {}}\n</tool_call>', "no_call")
-  calls, pos = [], None
+  bodies, pos = [], None
   for m in tags:
     if m.group(0) == CALL_OPEN:
       if pos is not None:
@@ -79,13 +82,17 @@ def _parse_calls(text: str) -> List[ToolCall]:
     else:
       if pos is None:
         raise ToolCallError(f"{CALL_CLOSE} without {CALL_OPEN}", "unterminated")
-      calls.append(_call_from_json(text[pos:m.start()]))
+      bodies.append(text[pos:m.start()])
       pos = None
   if pos is not None:
     raise ToolCallError(f"tool call must end with {CALL_CLOSE}", "unterminated")
   if text[tags[-1].end():].strip():
     raise ToolCallError(f"nothing may follow the last {CALL_CLOSE}", "trailing_text")
-  return calls
+  return bodies
+
+
+def _parse_calls(text: str) -> List[ToolCall]:
+  return [_call_from_json(body) for body in call_blocks(text)]
 
 
 def parse_tool_calls(text: str) -> List[ToolCall]:

@@ -149,6 +149,14 @@ class ModelConfig:
     return dataclasses.replace(self, **kw)
 
 
+# ModelConfig fields that decide the parameters' names and shapes (or the function they
+# compute), so a converted checkpoint's values for them are the only valid ones.
+ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+                       "head_dim", "d_ff", "rope_theta", "norm_eps", "qk_norm",
+                       "tie_embeddings", "num_experts", "experts_per_token", "moe_d_ff",
+                       "moe_layers", "norm_topk_prob")
+
+
 PRESETS = {
     "tiny": ModelConfig(),
     "tiny_moe": ModelConfig(num_experts=4, experts_per_token=2, moe_d_ff=64, moe_layers=(1,)),

@@ -1,11 +1,15 @@
 """Hugging Face Qwen3 / Qwen3-MoE `config.json` <-> `ModelConfig` (the architecture half of
 `composer_rl.model.hf_qwen3`): what is supported, checked field by field, with a
-`ConversionError` naming what is not."""
+`ConversionError` naming what is not; and a run's ModelConfig from a converted checkpoint's
+`model_config.json` (`run_model_config`)."""
+import json
+import os
 from typing import Any, Dict, Optional, Tuple
 
-from composer_rl.model.config import ModelConfig
+from composer_rl.model.config import ARCHITECTURE_FIELDS, ModelConfig
 from composer_rl.model.safetensors_io import ConversionError
 
+MODEL_CONFIG_FILE = "model_config.json"  # a converted checkpoint's ModelConfig
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
@@ -106,3 +110,43 @@ def config_to_hf(cfg: ModelConfig, base: Optional[Dict[str, Any]] = None,
     hf.update(num_experts_per_tok=cfg.experts_per_token, moe_intermediate_size=cfg.moe_d_ff,
               norm_topk_prob=cfg.norm_topk_prob, router_aux_loss_coef=cfg.router_aux_loss_coef)
   return hf
+
+
+def load_model_config(ckpt_dir: str, **overrides) -> ModelConfig:
+  """The ModelConfig saved by `convert`, with `overrides` (e.g. compute_dtype, max_seq_len)."""
+  with open(os.path.join(ckpt_dir, MODEL_CONFIG_FILE)) as f:
+    kw = json.load(f)
+  if kw.get("moe_layers") is not None:
+    kw["moe_layers"] = tuple(kw["moe_layers"])
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def check_converted(ckpt_dir: str, field: str = "config.init_checkpoint") -> None:
+  """FileNotFoundError naming `field` unless `ckpt_dir` is a directory written by `convert`."""
+  if not os.path.exists(os.path.join(ckpt_dir, MODEL_CONFIG_FILE)):
+    raise FileNotFoundError(f"{field}={ckpt_dir!r}: no {MODEL_CONFIG_FILE} (convert a Hugging "
+                            "Face checkpoint with launch/convert_checkpoint.py)")
+
+
+def run_model_config(fields: Dict[str, Any], ckpt_dir: str, token_count: int) -> ModelConfig:
+  """A run's ModelConfig: `fields` (config.model) with the tokenizer's vocabulary, or, with
+  a converted checkpoint, the checkpoint's architecture and only the runtime fields of
+  `fields` (max_seq_len, compute_dtype, ...). Embedding rows past the tokenizer's
+  `token_count` ids (a padded vocabulary) are never sampled (`ModelConfig.token_count`)."""
+  fields = dict(fields)
+  if fields.get("moe_layers") is not None:
+    fields["moe_layers"] = tuple(fields["moe_layers"])
+  if not ckpt_dir:
+    if fields.get("vocab_size", token_count) != token_count:
+      raise ValueError(f"config.model.vocab_size={fields['vocab_size']} but the tokenizer has "
+                       f"{token_count} ids")
+    return ModelConfig(**{**fields, "vocab_size": token_count})
+  check_converted(ckpt_dir)
+  runtime = {k: v for k, v in fields.items() if k not in ARCHITECTURE_FIELDS}
+  mc = load_model_config(ckpt_dir, **runtime)
+  if token_count > mc.vocab_size:
+    raise ValueError(f"the tokenizer has {token_count} tokens but the model in {ckpt_dir} "
+                     f"has a vocabulary of {mc.vocab_size}: they do not belong together "
+                     "(chat.tokenizer / chat.format)")
+  return mc if mc.token_count else mc.replace(token_count=token_count)

@@ -49,21 +49,21 @@ from flax import nnx
 
 from composer_rl.model.config import ModelConfig
 from composer_rl.model.hf_config import (  # noqa: F401  (part of this module's API)
-    ARCHITECTURES, config_from_hf, config_to_hf, moe_layers_from_hf)
+    ARCHITECTURES, MODEL_CONFIG_FILE, check_converted, config_from_hf, config_to_hf,
+    load_model_config, moe_layers_from_hf, run_model_config)
 from composer_rl.model.safetensors_io import (  # noqa: F401  (part of this module's API)
     INDEX_FILE, NAME_TO_NP, SINGLE_FILE, ConversionError, SafetensorsReader,
     write_safetensors)
 from composer_rl.model.transformer import Transformer
 
 # Files of a converted checkpoint directory.
-PARAMS_DIR, MODEL_CONFIG_FILE, HF_CONFIG_FILE = "params", "model_config.json", "hf_config.json"
+PARAMS_DIR, HF_CONFIG_FILE = "params", "hf_config.json"  # and MODEL_CONFIG_FILE
 HF_FILES_DIR = "hf_files"  # the source's tokenizer and generation files, copied back on export
 HF_EXTRA_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
                   "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
                   "chat_template.jinja")
 
 
-# ---- safetensors, one tensor at a time ------------------------------------------------
 # ---- the name mapping -----------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class _Leaf:
@@ -262,16 +262,6 @@ def copy_hf_files(src_dir: str, dst_dir: str) -> List[str]:
   for n in found:
     shutil.copyfile(os.path.join(src_dir, n), os.path.join(dst_dir, n))
   return found
-
-
-def load_model_config(ckpt_dir: str, **overrides) -> ModelConfig:
-  """The ModelConfig saved by `convert`, with `overrides` (e.g. compute_dtype, max_seq_len)."""
-  with open(os.path.join(ckpt_dir, MODEL_CONFIG_FILE)) as f:
-    kw = json.load(f)
-  if kw.get("moe_layers") is not None:
-    kw["moe_layers"] = tuple(kw["moe_layers"])
-  kw.update(overrides)
-  return ModelConfig(**kw)
 
 
 def load_params(ckpt_dir: str, target: Any = None) -> Dict:

@@ -14,6 +14,7 @@ class ChatFormat:
   """Renders message tokens for a `ByteTokenizer`-like tokenizer with role specials. Its
   model writes the environment's compact call spelling (`env.call_syntax`)."""
 
+  name = "byte"  # its `rollout.formats.CHAT_FORMATS` name
   call_syntax = "tool_compact"
 
   def __init__(self, tokenizer: ByteTokenizer):
@@ -28,6 +29,14 @@ class ChatFormat:
     """Tokens after the assistant's <EOT>: the tool's answer, then the next turn's header."""
     t = self.tok
     return [t.TOOL] + t.encode(text) + [t.EOT, t.ASSISTANT]
+
+  def user_ids(self, content: List[int]) -> List[int]:
+    """A user message holding token ids `content` (a carried summary: ids, not text)."""
+    return [self.tok.USER] + list(content) + [self.tok.EOT]
+
+  def generation_ids(self) -> List[int]:
+    """The assistant header that `start` and `observation` end with."""
+    return [self.tok.ASSISTANT]
 
   @property
   def end_of_turn(self) -> int:

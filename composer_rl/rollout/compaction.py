@@ -147,28 +147,22 @@ def segment_seed(seed: int, segment: int) -> int:
   return int.from_bytes(h[:4], "big")
 
 
-def _specials(chat) -> Tuple[int, int, int]:
-  """(USER, EOT, ASSISTANT) of a `ChatFormat`-style layout (role specials on the
-  tokenizer). Other layouts (e.g. Qwen3's) are not supported yet."""
-  tok = chat.tok
-  if not all(hasattr(tok, a) for a in ("USER", "EOT", "ASSISTANT")):
-    raise NotImplementedError(
-        f"context compaction needs a ChatFormat-style layout with USER/EOT/ASSISTANT "
-        f"specials; {type(chat).__name__} is not supported yet")
-  return tok.USER, tok.EOT, tok.ASSISTANT
+def _without_header(chat, ids: List[int], what: str) -> Tuple[List[int], List[int]]:
+  """(ids without the trailing assistant header, the header) of a `chat.start` or
+  `chat.observation`; any chat format (`rollout.formats`) has `generation_ids`."""
+  head = chat.generation_ids()
+  if ids[len(ids) - len(head):] != head:
+    raise ValueError(f"the chat format's {what} must end with the assistant header")
+  return ids[:len(ids) - len(head)], head
 
 
 def instruction_tokens(chat, observation: str, instruction: str) -> List[int]:
   """What follows the assistant's end-of-turn at a compacting boundary: the tool's
-  observation, then the instruction as a user message, then the assistant header:
-
-    <TOOL>observation<EOT><USER>instruction<EOT><ASSISTANT>
-  """
-  user, eot, assistant = _specials(chat)
-  obs = chat.observation(observation)
-  if not obs or obs[-1] != assistant:
-    raise ValueError("the chat format's observation must end with the assistant header")
-  return obs[:-1] + [user] + chat.tok.encode(instruction) + [eot, assistant]
+  observation, then the instruction as a user message, then the assistant header (byte
+  format: `<TOOL>observation<EOT><USER>instruction<EOT><ASSISTANT>`; Qwen3: the
+  `<tool_response>` turn, a user turn, `<|im_start|>assistant`)."""
+  obs, head = _without_header(chat, chat.observation(observation), "observation")
+  return obs + chat.user_ids(chat.tok.encode(instruction)) + head
 
 
 def summary_ids(chat, turn_tokens: Sequence[int]) -> List[int]:
@@ -182,18 +176,15 @@ def summary_ids(chat, turn_tokens: Sequence[int]) -> List[int]:
 
 
 def restart_tokens(chat, system: str, task: str, summary: Sequence[int]) -> List[int]:
-  """The token ids a restarted context starts from (and is prefilled with, once):
-
-    <BOS><SYS>system<EOT><USER>task<EOT><USER>summary<EOT><ASSISTANT>
+  """The token ids a restarted context starts from (and is prefilled with, once): the
+  session's start without its assistant header, the summary as a user message, the header
+  (byte format: `<BOS><SYS>system<EOT><USER>task<EOT><USER>summary<EOT><ASSISTANT>`).
 
   `summary` is token ids (`summary_ids`). Built from `chat.start`, so the system prompt
   and task render exactly as at the session's start.
   """
-  user, eot, assistant = _specials(chat)
-  head = chat.start(system, task)
-  if not head or head[-1] != assistant:
-    raise ValueError("the chat format's start must end with the assistant header")
-  return head[:-1] + [user] + [int(t) for t in summary] + [eot, assistant]
+  start, head = _without_header(chat, chat.start(system, task), "start")
+  return start + chat.user_ids([int(t) for t in summary]) + head
 
 
 def segment_bounds(traj) -> List[Tuple[int, int]]:

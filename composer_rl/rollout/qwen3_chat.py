@@ -103,6 +103,7 @@ class Qwen3ChatFormat:
     an empty think block, as Qwen3's `enable_thinking=False` generation prompt does.
   """
 
+  name = "qwen3"  # its `rollout.formats.CHAT_FORMATS` name
   call_syntax = "qwen3"  # what the environment parses (`env.call_syntax`)
 
   def __init__(self, tokenizer: HfTokenizer, tools: Optional[Sequence[Dict]] = (),
@@ -113,33 +114,46 @@ class Qwen3ChatFormat:
     self._ids = {s: tokenizer.token_id(s) for s in (IM_START, IM_END)}
 
   # Pieces are special-token strings (kept as one id) or text (encoded as text).
-  def _tokens(self, pieces: List[str]) -> List[int]:
+  def encode_pieces(self, pieces: List[str]) -> List[int]:
     out: List[int] = []
     for p in pieces:
       out += [self._ids[p]] if p in self._ids else self.tok.encode(p)
     return out
 
-  def _generation_prompt(self) -> List[str]:
+  def generation_prompt(self) -> List[str]:
+    """The pieces that open an assistant turn."""
     return [IM_START, "assistant\n" + ("" if self.enable_thinking else EMPTY_THINK)]
 
-  def _start_pieces(self, system: str, task: str) -> List[str]:
-    pieces = []
-    if self.tools:
-      sig = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in self.tools)
+  def system_pieces(self, system: str, tools: Optional[Sequence[Dict]] = None) -> List[str]:
+    """The system turn (with a tools block listing `tools`, default this format's tools);
+    nothing when there is neither a system message nor a tool."""
+    tools = self.tools if tools is None else tools
+    if tools:
+      sig = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
       head = system + "\n\n" if system else ""
-      pieces += [IM_START, f"system\n{head}{TOOLS_HEADER}{sig}{TOOLS_FOOTER}", IM_END, "\n"]
-    elif system:
-      pieces += [IM_START, f"system\n{system}", IM_END, "\n"]
-    return pieces + [IM_START, f"user\n{task}", IM_END, "\n"] + self._generation_prompt()
+      return [IM_START, f"system\n{head}{TOOLS_HEADER}{sig}{TOOLS_FOOTER}", IM_END, "\n"]
+    return [IM_START, f"system\n{system}", IM_END, "\n"] if system else []
+
+  @staticmethod
+  def user_pieces(text: str) -> List[str]:
+    return [IM_START, f"user\n{text}", IM_END, "\n"]
+
+  @staticmethod
+  def tool_pieces(observations: Sequence[str]) -> List[str]:
+    """Tool results as one user turn of <tool_response> blocks (one per call)."""
+    body = "".join(f"\n<tool_response>\n{o}\n</tool_response>" for o in observations)
+    return [IM_START, "user" + body, IM_END, "\n"]
+
+  def _start_pieces(self, system: str, task: str) -> List[str]:
+    return self.system_pieces(system) + self.user_pieces(task) + self.generation_prompt()
 
   def _observation_pieces(self, observations: Union[str, Sequence[str]]) -> List[str]:
     obs = [observations] if isinstance(observations, str) else list(observations)
-    body = "".join(f"\n<tool_response>\n{o}\n</tool_response>" for o in obs)
-    return ["\n", IM_START, "user" + body, IM_END, "\n"] + self._generation_prompt()
+    return ["\n"] + self.tool_pieces(obs) + self.generation_prompt()
 
   def start(self, system: str, task: str) -> List[int]:
     """System (with the tools block) + user task + the first assistant header."""
-    return self._tokens(self._start_pieces(system, task))
+    return self.encode_pieces(self._start_pieces(system, task))
 
   def start_text(self, system: str, task: str) -> str:
     return "".join(self._start_pieces(system, task))
@@ -147,7 +161,7 @@ class Qwen3ChatFormat:
   def observation(self, observations: Union[str, Sequence[str]]) -> List[int]:
     """Tokens after the assistant's <|im_end|>: the tool results as one user turn of
     <tool_response> blocks (one per call), then the next assistant header."""
-    return self._tokens(self._observation_pieces(observations))
+    return self.encode_pieces(self._observation_pieces(observations))
 
   def observation_text(self, observations: Union[str, Sequence[str]]) -> str:
     return "".join(self._observation_pieces(observations))
@@ -155,6 +169,15 @@ class Qwen3ChatFormat:
   def assistant(self, text: str) -> List[int]:
     """A whole assistant turn given as text (scripted / SFT data), ending on <|im_end|>."""
     return self.tok.encode(text) + [self.end_of_turn]
+
+  def user_ids(self, content: List[int]) -> List[int]:
+    """A user turn holding token ids `content` (a carried summary: ids, not text)."""
+    return (self.encode_pieces([IM_START, "user\n"]) + list(content)
+            + self.encode_pieces([IM_END, "\n"]))
+
+  def generation_ids(self) -> List[int]:
+    """The assistant header that `start` and `observation` end with."""
+    return self.encode_pieces(self.generation_prompt())
 
   @property
   def end_of_turn(self) -> int:

@@ -119,7 +119,7 @@ class Generator:
 
   engine: the continuous-batching engine (its `top_logprobs` bounds a request's).
   params/version: the weights to serve (placed on the engine's mesh) and their version.
-  tokenizer: byte-level tokenizer (ids < 256 are bytes; `tok.EOT` ends a turn).
+  tokenizer: the served tokenizer (`token_bytes` builds the text; `tok.EOT` ends a turn).
   max_waiting: completions that may queue for a slot before `submit` raises QueueFullError.
   decode_steps: engine decode steps per call (`SlotBatcher`); tokens stream in blocks of
     this size, and the sampled bits do not depend on it.
@@ -291,8 +291,7 @@ class Generator:
     if token == self.tok.EOT:
       reason = "stop"
     else:
-      if token < 256:
-        s.raw.append(token)
+      s.raw += self.tok.token_bytes(token)
       text = self._text(s)
       if any(stop in text for stop in s.job.sp.stop):
         reason = "stop"

@@ -1,10 +1,12 @@
 """Building the serving stack from an experiment config, and following published weights.
 
-`build_service(config, ...)` builds everything `ServingService` needs: the model of
-`config.model` (byte tokenizer), its weights freshly initialized with `config.seed`, or the
-params of an Orbax train checkpoint (`--checkpoint`), or the newest version published under
-`--weights_dir` (`composer_rl.sync`, followed afterwards by a `WeightFollower` thread), and
-the settings of `config.serve` (`ServeSettings`).
+`build_service(config, ...)` builds everything `ServingService` needs: the chat format of
+`config.chat` (default byte) and the model of `config.model`, or of `config.init_checkpoint`
+(a converted Hugging Face checkpoint: architecture, tokenizer, weights); its weights are
+the newest version published under `--weights_dir` (`composer_rl.sync`, followed afterwards
+by a `WeightFollower` thread), else the params of an Orbax train checkpoint
+(`--checkpoint`), else the init checkpoint's, else fresh ones with `config.seed`; and the
+settings of `config.serve` (`ServeSettings`).
 """
 import json
 import os
@@ -126,16 +128,17 @@ def restore_params(checkpoint: str, model_config, sharding=None) -> Tuple[Any, i
                           + "; ".join(errors))
 
 
-def model_config_of(config, tokenizer):
-  from composer_rl.model import ModelConfig  # pylint: disable=g-import-not-at-top
-  d = dict(config.model)
-  if d.get("vocab_size", tokenizer.vocab_size) != tokenizer.vocab_size:
-    raise ValueError(f"config.model.vocab_size={d['vocab_size']} but the byte tokenizer has "
-                     f"{tokenizer.vocab_size} ids")
-  d["vocab_size"] = tokenizer.vocab_size
-  if "moe_layers" in d and d["moe_layers"] is not None:
-    d["moe_layers"] = tuple(d["moe_layers"])
-  return ModelConfig(**d)
+def chat_and_model(config):
+  """(chat format, ModelConfig, checkpoint weights or None) of a serve config: its `chat`
+  section (default: the byte format) and `init_checkpoint` (a converted Hugging Face
+  checkpoint: its architecture, tokenizer and weights), as every training kind reads them."""
+  from composer_rl.model import hf_qwen3  # pylint: disable=g-import-not-at-top
+  from composer_rl.rollout import formats  # pylint: disable=g-import-not-at-top
+  get = config.get if hasattr(config, "get") else lambda k, d=None: getattr(config, k, d)
+  ckpt = get("init_checkpoint", "") or ""
+  chat = formats.from_config(get("chat", None), ckpt, tools=None)
+  mc = hf_qwen3.run_model_config(dict(config.model), ckpt, chat.tok.vocab_size)
+  return chat, mc, (hf_qwen3.load_params(ckpt) if ckpt else None)
 
 
 def resolve_records_dir(settings: ServeSettings, records_dir: Optional[str],
@@ -160,14 +163,12 @@ def build_service(config, checkpoint_dir: Optional[str] = None,
   default served name when config.serve has none (launch/serve.py passes the file stem)."""
   import jax  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from composer_rl.data.byte_tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
   from composer_rl.model import Transformer, inference_copy  # pylint: disable=g-import-not-at-top
-  from composer_rl.rollout.chat import ChatFormat  # pylint: disable=g-import-not-at-top
   from composer_rl.sampling.engine import Engine  # pylint: disable=g-import-not-at-top
 
   settings = settings or ServeSettings.from_config(config, model_name)
-  tok = ByteTokenizer()
-  mc = model_config_of(config, tok)
+  chat, mc, init = chat_and_model(config)
+  tok = chat.tok
   abstract = nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0)))
   engine = Engine(abstract, slots=settings.slots, prefill_chunk=settings.prefill_chunk,
                   top_logprobs=settings.top_logprobs)
@@ -182,13 +183,15 @@ def build_service(config, checkpoint_dir: Optional[str] = None,
   if params is None and checkpoint_dir:
     master, version = restore_params(checkpoint_dir, mc)
     params = inference_copy(master, mc)
+  if params is None and init is not None:
+    params = inference_copy(init, mc)
   if params is None:
     seed = int(config.get("seed", 0)) if hasattr(config, "get") else 0
     params = inference_copy(nnx.to_pure_dict(nnx.split(
         Transformer(mc, rngs=nnx.Rngs(seed)))[1]), mc)
   generator = Generator(engine, engine.place(params), version, tok,
                         max_waiting=settings.max_waiting)
-  template = ChatTemplate(ChatFormat(tok), default_system=settings.system_prompt)
+  template = ChatTemplate(chat, default_system=settings.system_prompt)
   records = RecordLog(resolve_records_dir(settings, records_dir, workdir),
                       max_file_bytes=settings.record_file_bytes)
   follower = None

@@ -283,7 +283,7 @@ class ServingService:
   # ---- lifecycle -----------------------------------------------------------------------
   def warmup(self) -> None:
     """Compiles the engine's programs (prefill batches, a decode step) before serving."""
-    self.generator.warmup([self.tok.BOS, self.tok.SYS])
+    self.generator.warmup(self.template.render([{"role": "user", "content": "warmup"}]))
 
   def close(self) -> None:
     """Stops following weights, finishes queued completions, closes the record log."""

@@ -31,7 +31,7 @@ from typing import Any, Dict
 
 from composer_rl.config import ConfigError
 from composer_rl.model import sharding as shd
-from composer_rl.model.config import ModelConfig
+from composer_rl.model.config import ARCHITECTURE_FIELDS, ModelConfig  # noqa: F401  (re-exported)
 from composer_rl.train import advantages, losses
 from composer_rl.train.optimizer import OptimizerConfig
 from composer_rl.train.train_step import TrainConfig
@@ -84,14 +84,6 @@ def _need(config, path: str, kind):
   if not isinstance(node, kind) or (kind is int and isinstance(node, bool)):
     raise ConfigError(f"config.{path}: expected {kind.__name__}, got {node!r}")
   return node
-
-
-# ModelConfig fields that decide the parameters' names and shapes (or the function they
-# compute), so a converted checkpoint's values for them are the only valid ones.
-ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                       "head_dim", "d_ff", "rope_theta", "norm_eps", "qk_norm",
-                       "tie_embeddings", "num_experts", "experts_per_token", "moe_d_ff",
-                       "moe_layers", "norm_topk_prob")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import shutil
 import time
 from typing import Any, Callable, Dict, List
 
+from composer_rl.rollout import formats
 from composer_rl.viewer import run_info as run_info_lib
 from composer_rl.viewer import session as session_lib
 from composer_rl.viewer.sources import Source, find_sources
@@ -106,7 +107,18 @@ def _summary(src: Source, rows: List[Dict], bad: int, adv: bool) -> Dict[str, An
               families=sorted({r["fam"] for r in rows if r["fam"]}), advantages=adv)
 
 
-def _process(src: Source, data: str, shard_size: int, estimator: str) -> Dict[str, Any]:
+def _run_chat(workdir: str):
+  """(call syntax, tokenizer or None) of the run (`rollout.formats.write_run_chat`)."""
+  info = formats.read_run_chat(workdir)
+  tok = None
+  if info.get("tokenizer") and os.path.exists(os.path.join(info["tokenizer"], "tokenizer.json")):
+    from composer_rl.data.hf_tokenizer import HfTokenizer  # pylint: disable=g-import-not-at-top
+    tok = HfTokenizer(info["tokenizer"])
+  return info.get("call_syntax", "tool"), tok
+
+
+def _process(src: Source, data: str, shard_size: int, estimator: str,
+             chat=("tool", None)) -> Dict[str, Any]:
   """Converts one record file: writes its shards and rows; returns its manifest entry."""
   st = os.stat(src.path)
   records, bad = _read_records(src.path)
@@ -114,7 +126,7 @@ def _process(src: Source, data: str, shard_size: int, estimator: str) -> Dict[st
   advs = group_advantages(records, estimator) if use_adv else [0.0] * len(records)
   rows, shards = [], []
   for i, (d, a) in enumerate(zip(records, advs)):
-    row, sess = session_lib.convert(d, a, i // shard_size)
+    row, sess = session_lib.convert(d, a, i // shard_size, *chat)
     row = dict(row, src=src.name, i=i)
     rows.append(row)
     if i % shard_size == 0:
@@ -161,6 +173,7 @@ def build(workdir: str, out_dir: str = "", advantage: str = "grpo", shard_size: 
   entries: Dict[str, Dict] = {}
   processed = 0
   sources = find_sources(workdir)
+  chat = None  # the run's call syntax and tokenizer, read once a source needs them
   for src in sources:
     st = os.stat(src.path)
     prev = old.get(src.name)
@@ -169,7 +182,9 @@ def build(workdir: str, out_dir: str = "", advantage: str = "grpo", shard_size: 
       entries[src.name] = prev
       continue
     log(f"processing {src.path}")
-    entries[src.name] = _process(src, data, shard_size, advantage)
+    if chat is None:
+      chat = _run_chat(workdir)
+    entries[src.name] = _process(src, data, shard_size, advantage, chat)
     if prev:  # a file that shrank leaves no stale shards behind
       _remove(data, src.name, prev, keep_shards=entries[src.name]["shards"])
     processed += 1

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from composer_rl.data.byte_tokenizer import ByteTokenizer
+from composer_rl.env import call_syntax, qwen3_calls
 from composer_rl.env.tool_call_format import (COMPACT_OPEN, FULL_OPEN, ToolCallError,
                                               parse_tool_call)
 
@@ -28,6 +29,16 @@ def _logprobs(d: Dict[str, Any]) -> List[float]:
   if d.get("logprobs_are_uint32_bits"):
     lp = np.asarray(lp, np.uint32).view(np.float32)
   return [float(x) for x in np.asarray(lp, np.float64).round(5)]
+
+
+def _names(tokenizer, tokens: List[int]) -> Dict[str, str]:
+  """{id: display text} of the session's distinct ids under a real tokenizer (the page
+  shows `#id` without one): a token's own bytes, a special token by its name."""
+  if tokenizer is None:
+    return {}
+  return {str(t): (tokenizer.name(t) if tokenizer.is_special(t) else repr(
+      tokenizer.token_bytes(t).decode("utf-8", errors="replace"))[1:-1])
+          for t in sorted(set(tokens))}
 
 
 def _byte_tokens(tokens: List[int]) -> bool:
@@ -54,14 +65,17 @@ def _prompt_from_tokens(d: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]
   return dec(_TOK.SYS), dec(_TOK.USER)
 
 
-def parse_turn(text: str) -> Dict[str, Any]:
+def parse_turn(text: str, syntax: str = "tool") -> Dict[str, Any]:
   """{"text", "reasoning", "call": {"name", "args", "compact"} | None,
-  "error": {"kind", "message"} | None} as the harness saw this turn."""
+  "error": {"kind", "message"} | None} as the harness saw this turn, in the run's call
+  syntax (`env.call_syntax`: the byte format's `<tool>`/`<t>` or Qwen3's `<tool_call>`)."""
   out: Dict[str, Any] = {"text": text, "reasoning": "", "call": None, "error": None}
-  starts = [i for i in (text.find(FULL_OPEN), text.find(COMPACT_OPEN)) if i >= 0]
+  opens = (qwen3_calls.CALL_OPEN,) if syntax == "qwen3" else (FULL_OPEN, COMPACT_OPEN)
+  starts = [i for i in (text.find(o) for o in opens) if i >= 0]
   out["reasoning"] = text[:min(starts)].strip() if starts else ""
+  parse = call_syntax.get(syntax).parse if syntax == "qwen3" else parse_tool_call
   try:
-    call = parse_tool_call(text)
+    call = parse(text)
     out["call"] = {"name": call.name, "args": call.args, "compact": call.compact}
   except ToolCallError as e:
     out["error"] = {"kind": e.kind, "message": str(e)}
@@ -82,11 +96,14 @@ def outcome(d: Dict[str, Any]) -> str:
   return "solved" if float(d.get("reward", 0.0)) >= 1.0 else "failed"
 
 
-def convert(d: Dict[str, Any], advantage: float, shard: int) -> Tuple[Dict, Dict]:
-  """(summary row, full session) for one record (`Trajectory.to_json()` form)."""
+def convert(d: Dict[str, Any], advantage: float, shard: int, syntax: str = "tool",
+            tokenizer=None) -> Tuple[Dict, Dict]:
+  """(summary row, full session) for one record (`Trajectory.to_json()` form). `syntax`:
+  the run's call syntax; `tokenizer`: the run's real tokenizer (its token names go with
+  the session), None for the byte tokenizer."""
   texts = list(d.get("turn_texts") or [])
   observations = list(d.get("observations") or [])
-  turns = [parse_turn(t) for t in texts]
+  turns = [parse_turn(t, syntax) for t in texts]
   info = d.get("reward_info") or {}
   hacks = list(info.get("hack_attempts") or [])
   for k, t in enumerate(turns):
@@ -114,5 +131,6 @@ def convert(d: Dict[str, Any], advantage: float, shard: int) -> Tuple[Dict, Dict
                  segments=list(d.get("segments") or []), final_diff=d.get("final_diff"),
                  reward_info=info, metrics=metrics, parity=d.get("parity"),
                  tokens=dict(ids=tokens, mask=mask, lp=_logprobs(d), ver=versions,
-                             byte_vocab=_byte_tokens(tokens)))
+                             byte_vocab=tokenizer is None and _byte_tokens(tokens),
+                             names=_names(tokenizer, tokens)))
   return row, session

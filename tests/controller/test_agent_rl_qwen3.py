@@ -5,7 +5,6 @@ SFT, rollouts, RL and evaluation then run with its ids, `<|im_start|>` turns and
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -14,55 +13,22 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from composer_rl.controller import agent_setup, agent_sft  # noqa: E402
-from composer_rl.data import bpe  # noqa: E402
 from composer_rl.data.hf_tokenizer import HfTokenizer  # noqa: E402
-from composer_rl.env import get_task  # noqa: E402
-from composer_rl.env.qwen3_calls import format_call  # noqa: E402
-from composer_rl.rollout import qwen3_chat  # noqa: E402
+from tests import qwen3_artifacts  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import tiny_bugfix  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-  # The tools block of the system message and the tasks' code, as a checkpoint's tokenizer
-  # would have seen text like them.
-  texts = [qwen3_chat.TOOLS_HEADER + qwen3_chat.TOOLS_FOOTER] * 20
-  texts += [json.dumps(t, ensure_ascii=False) for t in qwen3_chat.env_tools()] * 20
-  for i in range(40):
-    t = get_task("generated", "train", i)
-    texts += [t.prompt, *t.files.values()]
-    texts.append(format_call("edit", {"path": "tools.py", "old": "x", "new": "y"}))
-  out = str(tmp_path_factory.mktemp("qwen3_tok"))
-  bpe.train_qwen3_style(texts, 1000, out)
-  return out
+@pytest.fixture
+def tokenizer_dir(qwen3_tokenizer):
+  return qwen3_tokenizer
 
 
-def _convert(tokenizer_dir, hf_dir, out, vocab_size):
-  """A Qwen3-architecture model made by `transformers` (random init, 2 layers), saved with
-  the tokenizer, then converted: what a user's `launch/convert_checkpoint.py` run gives."""
-  transformers = pytest.importorskip("transformers")
-  torch = pytest.importorskip("torch")
-  from composer_rl.model import hf_qwen3  # pylint: disable=import-outside-toplevel
-  torch.manual_seed(0)
-  cfg = transformers.Qwen3Config(
-      vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-      num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
-      max_position_embeddings=2048, tie_word_embeddings=True)
-  transformers.Qwen3ForCausalLM._from_config(cfg).save_pretrained(str(hf_dir))
-  shutil.copy(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(hf_dir,
-                                                                          "tokenizer.json"))
-  hf_qwen3.convert(str(hf_dir), str(out))
-  return str(out)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tokenizer_dir, tmp_path_factory):
-  # The embedding is padded past the tokenizer's ~1,000 tokens, as Qwen3's is.
-  return _convert(tokenizer_dir, tmp_path_factory.mktemp("qwen3_hf"),
-                  tmp_path_factory.mktemp("qwen3_ckpt"), 1024)
+@pytest.fixture
+def checkpoint(qwen3_checkpoint):
+  return qwen3_checkpoint
 
 
 def _rows(path):
@@ -102,6 +68,44 @@ def test_agent_rl_runs_a_converted_checkpoint_in_qwen3_format(tmp_path, tokenize
   assert sessions and all(t["tokens"][0] == im_start for t in sessions)
   assert all(max(t["tokens"]) < tok.vocab_size for t in sessions)
   assert all(t["logprobs_are_uint32_bits"] and sum(t["loss_mask"]) > 0 for t in sessions)
+  _export_loads_in_transformers_and_generates(wd, tokenizer_dir, checkpoint)
+  # The viewer reads the run's Qwen3 calls and token names (its chat.json).
+  from composer_rl.viewer import build  # pylint: disable=import-outside-toplevel
+  assert build.build(str(wd))["sessions"] >= len(demos) + len(sessions)
+  (demo_shard,) = glob.glob(str(wd / "viewer" / "data" / "shards" / "demos_*.0.json"))
+  with open(demo_shard) as f:
+    demo_views = json.load(f)
+  for v in demo_views:
+    assert v["tokens"]["names"][str(im_end)] == "<|im_end|>"
+    assert all(t["call"] is not None and t["error"] is None for t in v["turns_detail"])
+
+
+def _export_loads_in_transformers_and_generates(wd, tokenizer_dir, checkpoint):
+  """The run's trained weights (final_params/) -> launch/convert_checkpoint.py
+  --export_from -> a Hugging Face directory that `transformers` loads and generates with:
+  its tensors are the trained ones (not the checkpoint the run started from)."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from composer_rl.model import hf_qwen3  # pylint: disable=import-outside-toplevel
+  out = wd / "exported"
+  done = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "convert_checkpoint.py"),
+                         f"--export_from={wd / 'final_params'}", f"--out={out}"],
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert os.path.exists(out / "tokenizer.json")
+  model = transformers.Qwen3ForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32)
+  tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
+  trained = hf_qwen3.load_params(str(wd / "final_params"))
+  start = hf_qwen3.load_params(checkpoint)
+  got = model.model.layers[0].mlp.down_proj.weight.detach().numpy()
+  want = np.asarray(trained["blocks"][0]["ffn"]["w_down"]).T
+  assert np.array_equal(got, want.astype(got.dtype))
+  assert not np.array_equal(want, np.asarray(start["blocks"][0]["ffn"]["w_down"]).T)
+  ids = torch.tensor([tok.encode("def add(a, b):")])
+  gen = model.generate(ids, max_new_tokens=8, do_sample=False,
+                       pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+  assert gen.shape[1] > ids.shape[1]
 
 
 def _config(**chat):
@@ -115,10 +119,6 @@ def test_bad_chat_settings_are_named(tmp_path, tokenizer_dir):
     agent_setup.Setup(_config(format="qwen3"), str(tmp_path))
   with pytest.raises(FileNotFoundError, match="no tokenizer.json in"):
     agent_setup.Setup(_config(format="qwen3", tokenizer=str(tmp_path)), str(tmp_path))
-  c = _config(format="qwen3", tokenizer=tokenizer_dir)
-  c.rl.compaction = dict(enabled=True, mode="compaction")
-  with pytest.raises(ValueError, match="supports chat.format='byte' only"):
-    agent_setup.Setup(c, str(tmp_path))
   # A demonstration longer than the window (Qwen3's tools block alone is ~750 tokens of
   # this tokenizer) is named with what to change, before any training.
   c = _config(format="qwen3", tokenizer=tokenizer_dir)
@@ -141,7 +141,8 @@ def test_checkpoint_settings_are_checked(tmp_path, tokenizer_dir, checkpoint):
   with pytest.raises(FileNotFoundError, match="no model_config.json"):
     agent_setup.Setup(c, str(tmp_path / "missing"))
   # A model whose vocabulary is smaller than the tokenizer's does not belong with it.
-  small = _convert(tokenizer_dir, tmp_path / "hf_small", tmp_path / "ckpt_small", 512)
+  small = qwen3_artifacts.make_checkpoint(tokenizer_dir, str(tmp_path / "hf_small"),
+                                          str(tmp_path / "ckpt_small"), 512)
   c.init_checkpoint = small
   with pytest.raises(ValueError, match=r"has a vocabulary of 512: they do not belong"):
     agent_setup.Setup(c, str(tmp_path / "mismatch"))

@@ -50,6 +50,28 @@ def test_online_rl_smoke_closes_the_loop_and_resumes(tmp_path):
   assert {r["fingerprint"] for r in after} == {"fp_v3"}
 
 
+def test_online_rl_in_qwen3_format_from_a_checkpoint(tmp_path, qwen3_checkpoint):
+  """A converted Qwen3 checkpoint (architecture, weights, tokenizer) through the whole
+  online loop: SFT in its chat layout, the server rendering Qwen3 turns for the scripted
+  user's openai client, records in its ids, a train step with ratio 1 on served sessions."""
+  from composer_rl.data.hf_tokenizer import HfTokenizer  # pylint: disable=import-outside-toplevel
+  from composer_rl.serving.records import read_records  # pylint: disable=import-outside-toplevel
+  c = helpers.load_experiment("online_rl", "smoke")
+  c.init_checkpoint, c.chat.format = qwen3_checkpoint, "qwen3"
+  c.online.steps = 1
+  out = online_rl.run(c, str(tmp_path))
+  assert 0.0 <= out["preference_rate_after"] <= 1.0 and out["final_version"] == 1
+  tok = HfTokenizer(os.path.join(qwen3_checkpoint, "hf_files"))
+  completions = [r for r in read_records(str(tmp_path / "records"))
+                 if r["kind"] == "completion"]
+  assert completions and all(r["prompt_ids"][0] == tok.token_id("<|im_start|>")
+                             for r in completions)
+  assert all(max(r["completion_ids"]) < tok.vocab_size for r in completions)
+  with open(tmp_path / "metrics.jsonl") as f:
+    (step,) = [r for r in map(json.loads, f) if r.get("phase") == "online"]
+  assert step["ratio_min"] == step["ratio_max"] == 1.0 and step["tokens"] > 0
+
+
 @pytest.mark.slow
 def test_online_rl_sigkill_mid_run_resumes(tmp_path):
   """SIGKILL of the controller (server, trainer) after its second step; the same command

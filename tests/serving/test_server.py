@@ -402,13 +402,13 @@ def test_follows_published_weights(server):
   """Versions published under --weights_dir are served without a restart."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from composer_rl.model import Transformer, inference_copy  # pylint: disable=import-outside-toplevel
-  from composer_rl.serving.loading import model_config_of  # pylint: disable=import-outside-toplevel
+  from composer_rl.serving.loading import chat_and_model  # pylint: disable=import-outside-toplevel
   from composer_rl.sync.publisher import WeightPublisher  # pylint: disable=import-outside-toplevel
   spec = importlib.util.spec_from_file_location(
       "serve_tiny", os.path.join(ROOT, "experiments", "serve_tiny.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  mc = model_config_of(module.get_config(), ByteTokenizer())
+  mc = chat_and_model(module.get_config())[1]
   c = server.client()
   args = dict(model=MODEL, messages=[{"role": "user", "content": "weights"}], max_tokens=6,
               seed=9, logprobs=True)
@@ -520,9 +520,10 @@ def test_restore_params_from_train_checkpoint(tmp_path):
 # ---- scripted generator: tool calls through the same app --------------------------------
 
 class ScriptedGenerator:
-  """The Generator interface, answering every request with `text` then <EOT>."""
+  """The Generator interface, answering every request with `text` then the end of turn, in
+  any served tokenizer (byte or a real one)."""
 
-  def __init__(self, text: str, tok: ByteTokenizer):
+  def __init__(self, text: str, tok):
     from composer_rl.serving.generator import Choice, TokenEvent
     self.Choice, self.TokenEvent = Choice, TokenEvent
     self.text, self.tok = text, tok
@@ -533,15 +534,15 @@ class ScriptedGenerator:
     def work():
       choices = []
       for i in range(sp.n):
-        ids = list(self.text.encode())[:sp.max_tokens]
+        ids = self.tok.encode(self.text)[:sp.max_tokens]
         if len(ids) < sp.max_tokens:
           ids.append(self.tok.EOT)
         for t in ids:
           if on_token:
             on_token(self.TokenEvent(i, t, -0.5, [(t, -0.5)][:sp.top_logprobs],
-                                     chr(t) if t < 128 else ""))
+                                     self.tok.token_bytes(t).decode("utf-8", "replace")))
         choices.append(self.Choice(i, ids, [-0.5] * len(ids), [[]] * len(ids),
-                                   bytes(x for x in ids if x < 256).decode(),
+                                   self.tok.decode(ids),
                                    "stop" if ids[-1] == self.tok.EOT else "length",
                                    self.version, dict(queued_s=0.0, ttft_s=0.0, total_s=0.0)))
       return choices

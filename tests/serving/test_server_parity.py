@@ -12,7 +12,6 @@ import openai
 import pytest
 from flax import nnx
 
-from composer_rl.data.byte_tokenizer import ByteTokenizer
 from composer_rl.model import Transformer, sharding
 from composer_rl.online import ingest
 from composer_rl.sampling.head import RowSampling
@@ -51,7 +50,7 @@ def served(tmp_path_factory):
 def _trainer_logprobs(config, record):
   """The trainer's log-probs of a record's completion tokens: `score_tokens` over prompt +
   completion with the master parameters (fresh init with the config's seed, as served)."""
-  mc = loading.model_config_of(config, ByteTokenizer())
+  mc = loading.chat_and_model(config)[1]
   model = Transformer(mc, rngs=nnx.Rngs(config.seed))
   s = record["sampling"]  # the transform the engine sampled with (greedy = top_k 1)
   rows = RowSampling.broadcast(1, s["temperature"], s["top_k"], s["top_p"])
@@ -125,7 +124,7 @@ def test_multi_turn_session_trains_with_ratio_one(served):
           and r["kind"] == "completion"]
   assert sum(len(r["completion_ids"]) for r in recs) == sum(t.loss_mask)
   assert {r["completion_id"] for r in recs} == {first.id, second.id}
-  mc = loading.model_config_of(config, ByteTokenizer())
+  mc = loading.chat_and_model(config)[1]
   step = make_train_step(mc, TrainConfig(optimizer=OptimizerConfig(learning_rate=1e-3),
                                          loss=losses.LossConfig(policy_loss="ppo_clip")),
                          sharding.make_mesh({"data": -1}))

@@ -100,7 +100,7 @@ Views.tokens = function (s, idx, mode) {
   const vmax = Math.max(0, ...tk.ver);
   for (let p = 0; p < tk.ids.length; p++) {
     const id = tk.ids[p];
-    let text = vocab ? vocab[id] : `#${id} `;
+    let text = vocab ? vocab[id] : (tk.names && tk.names[id] !== undefined ? tk.names[id] : `#${id} `);
     const span = V.el('span', {cls: tk.mask[p] ? 'tok gen' : 'tok ctx'});
     if (text === '\\n') { text = '↵'; span.classList.add('nl'); }
     span.textContent = text;
