@@ -58,7 +58,8 @@ def test_online_rl_in_qwen3_format_from_a_checkpoint(tmp_path, qwen3_checkpoint)
   from composer_rl.serving.records import read_records  # pylint: disable=import-outside-toplevel
   c = helpers.load_experiment("online_rl", "smoke")
   c.init_checkpoint, c.chat.format = qwen3_checkpoint, "qwen3"
-  c.online.steps = 1
+  c.online.steps, c.online.batch_size, c.online.sim_fraction = 1, 4, 0.0
+  c.sft.steps, c.sft.num_demos, c.eval.num_heldout = 1, 8, 2
   out = online_rl.run(c, str(tmp_path))
   assert 0.0 <= out["preference_rate_after"] <= 1.0 and out["final_version"] == 1
   tok = HfTokenizer(os.path.join(qwen3_checkpoint, "hf_files"))
