@@ -36,7 +36,8 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
       system_prompt="Fix the bug, then submit."))
   c.tasks = ml_collections.ConfigDict(dict(
       seed=0,                 # generator seed (splits are disjoint)
-      family="generated"))    # composer_rl.env.tasks.TASK_SOURCES name
+      family="generated",     # composer_rl.env.tasks.TASK_SOURCES name
+      dir=""))                # family='dir': your repository's tasks (launch/make_tasks.py)
   c.sft = ml_collections.ConfigDict(dict(
       # The demonstrator (composer_rl.env.policies registry): an imperfect expert that fixes
       # the bug on `fix_prob` of the tasks and gives up on the rest, as a weaker model's

@@ -19,10 +19,17 @@ def qwen3_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def qwen3_checkpoint(qwen3_tokenizer, tmp_path_factory):
-  """A converted checkpoint of a random 2-layer `transformers` Qwen3 model with that
-  tokenizer (tests/qwen3_artifacts.py)."""
+def qwen3_hf_dir(qwen3_tokenizer, tmp_path_factory):
+  """A random 2-layer `transformers` Qwen3 model saved with that tokenizer: a Hugging Face
+  checkpoint directory (tests/qwen3_artifacts.py)."""
   from tests import qwen3_artifacts  # pylint: disable=import-outside-toplevel
-  return qwen3_artifacts.make_checkpoint(
-      qwen3_tokenizer, str(tmp_path_factory.mktemp("qwen3_hf")),
-      str(tmp_path_factory.mktemp("qwen3_ckpt")))
+  return qwen3_artifacts.make_hf_model(qwen3_tokenizer, str(tmp_path_factory.mktemp("qwen3_hf")))
+
+
+@pytest.fixture(scope="session")
+def qwen3_checkpoint(qwen3_hf_dir, tmp_path_factory):
+  """That checkpoint converted (`hf_qwen3.convert`)."""
+  from composer_rl.model import hf_qwen3  # pylint: disable=import-outside-toplevel
+  out = str(tmp_path_factory.mktemp("qwen3_ckpt"))
+  hf_qwen3.convert(qwen3_hf_dir, out)
+  return out

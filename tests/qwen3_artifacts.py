@@ -29,12 +29,19 @@ def make_tokenizer(out_dir: str, vocab_size: int = 1000) -> str:
 
 def make_checkpoint(tokenizer_dir: str, hf_dir: str, out_dir: str, vocab_size: int = 1024,
                     **arch) -> str:
+  """`make_hf_model` into `hf_dir`, converted into `out_dir`."""
+  from composer_rl.model import hf_qwen3  # pylint: disable=import-outside-toplevel
+  make_hf_model(tokenizer_dir, hf_dir, vocab_size, **arch)
+  hf_qwen3.convert(hf_dir, out_dir)
+  return out_dir
+
+
+def make_hf_model(tokenizer_dir: str, hf_dir: str, vocab_size: int = 1024, **arch) -> str:
   """A random `transformers` Qwen3 model (2 layers, d_model 32 unless `arch` says
   otherwise; vocabulary padded past the tokenizer, as Qwen3's is) saved with the tokenizer
-  in `hf_dir`, converted into `out_dir`."""
+  in `hf_dir`: what a user downloads."""
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
-  from composer_rl.model import hf_qwen3  # pylint: disable=import-outside-toplevel
   torch.manual_seed(0)
   kw = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
@@ -44,5 +51,4 @@ def make_checkpoint(tokenizer_dir: str, hf_dir: str, out_dir: str, vocab_size: i
       hf_dir)
   shutil.copy(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(hf_dir,
                                                                           "tokenizer.json"))
-  hf_qwen3.convert(hf_dir, out_dir)
-  return out_dir
+  return hf_dir

@@ -11,7 +11,7 @@ from flax import nnx
 from composer_rl.controller import config as config_lib
 from composer_rl.controller import placement
 from composer_rl.env.harness import EnvConfig, make_env
-from composer_rl.env.tasks import TASK_SOURCES
+from composer_rl.env.tasks import get_task
 from composer_rl.model import Transformer, hf_qwen3, inference_copy, sharding
 from composer_rl.rollout import compaction as compaction_lib, formats
 from composer_rl.rollout.runner import RolloutConfig, RolloutRunner
@@ -64,7 +64,8 @@ class Setup:
     return hf_qwen3.load_params(ckpt) if ckpt else None
 
   def task(self, split: str, index: int):
-    return TASK_SOURCES.get(self.config.tasks.family)(split, index, self.config.tasks.seed)
+    t = self.config.tasks
+    return get_task(t.family, split, index, t.seed, **({"path": t.dir} if t.dir else {}))
 
   def sampler_params(self, train_params, engine):
     """The trainer's params as engine `engine` (an index or an `Engine`) computes with

@@ -97,7 +97,8 @@ AGENT_RL = Section(dict(
     tasks=Section(dict(
         seed=Field(0, int, "task generator seed (splits are disjoint)", **NONNEG),
         family=Field("generated", str, "task source",
-                     choices=_names("composer_rl.env.tasks", "TASK_SOURCES")))),
+                     choices=_names("composer_rl.env.tasks", "TASK_SOURCES")),
+        dir=Field("", str, "the 'dir' source's tasks (a launch/make_tasks.py --out)"))),
     sft=Section(dict(
         demo_policy=Field("weak_oracle", str, "the demonstrator",
                           choices=_names("composer_rl.env.policies", "POLICIES")),
@@ -205,6 +206,15 @@ def main(argv) -> None:
     print(f"{path} = {text}")
 
 
+def _check_tasks(tasks) -> None:
+  if tasks.family == "dir" and not tasks.dir:
+    raise ConfigError("config.tasks.dir: the 'dir' task source needs the directory "
+                      "launch/make_tasks.py --out wrote")
+  if tasks.dir and tasks.family != "dir":
+    raise ConfigError(f"config.tasks.dir is set but config.tasks.family={tasks.family!r}; "
+                      "use family='dir' to train on that directory's tasks")
+
+
 def validate(config, kind: Optional[str] = None) -> None:
   """Validates an experiment config in place (defaults filled in). `kind`: the kind it
   must be (default: its `kind` field; a pipeline's `agent` section has none)."""
@@ -214,14 +224,18 @@ def validate(config, kind: Optional[str] = None) -> None:
     raise ConfigError(f"config.kind: {kind!r}; choose one of {list(KINDS)}")
   if kind in SCHEMAS:
     _validate(config, SCHEMAS[kind])
+    if kind == "agent_rl":
+      _check_tasks(config.tasks)
   elif kind == "compaction_ablation":
     _validate(config, Section(dict(kind=Field(kind, str), agent=AGENT_RL, arms=Free())))
+    _check_tasks(config.agent.tasks)
     _check_arms(config.arms)
   elif kind == "pipeline":
     from composer_rl.train import config as train_config  # pylint: disable=g-import-not-at-top
     _validate(config, Section(dict(
         kind=Field(kind, str), agent=AGENT_RL, pretrain=Free(),
         compare_without_pretraining=Field(True, bool, "also run stages 2+3 from scratch"))))
+    _check_tasks(config.agent.tasks)
     try:
       train_config.build(config.pretrain)
     except ConfigError as e:

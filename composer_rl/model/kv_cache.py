@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from composer_rl.model.config import ModelConfig
+from composer_rl.ops import exact
 
 
 @flax.struct.dataclass
@@ -22,13 +23,27 @@ class KVCache:
   segments: jax.Array
 
   @classmethod
-  def init(cls, config: ModelConfig, batch: int) -> "KVCache":
-    shape = (batch, config.num_kv_heads, config.max_seq_len, config.head_dim)
+  def init(cls, config: ModelConfig, batch: int, length: int = 0) -> "KVCache":
+    """An empty cache of `length` slots (default `max_seq_len`)."""
+    length = length or config.max_seq_len
+    shape = (batch, config.num_kv_heads, length, config.head_dim)
     dt = config.compute_jnp_dtype
     return cls(
         k=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
         v=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
-        segments=jnp.zeros((batch, config.max_seq_len), jnp.int32))
+        segments=jnp.zeros((batch, length), jnp.int32))
+
+  @classmethod
+  def for_tokens(cls, config: ModelConfig, batch: int, tokens: int) -> "KVCache":
+    """The shortest cache that holds `tokens` per row and that attention accepts (a
+    multiple of the key block, at least its first key bucket): a training forward over
+    1,024-token rows needs 1,024 slots, not the model's whole window. Attention's bits do
+    not depend on how many empty slots follow the keys (`composer_rl.ops.exact`)."""
+    if not config.exact_numerics:
+      return cls.init(config, batch, min(tokens, config.max_seq_len))
+    kb = config.key_block
+    length = max(exact.key_buckets(config.max_seq_len, kb)[0], -(-tokens // kb) * kb)
+    return cls.init(config, batch, min(length, config.max_seq_len))
 
   @property
   def batch(self) -> int:
@@ -50,3 +65,24 @@ def write_segments(segments: jax.Array, new: jax.Array, slots: jax.Array) -> jax
   b, s = slots.shape
   batch_idx = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
   return segments.at[batch_idx, slots].set(new, mode="drop")
+
+
+def bucket_length(length: int, max_len: int, smallest: int = 16) -> int:
+  """The cache length kept for a session of `length` tokens: the next power of two (at
+  least `smallest`), capped at `max_len`. A few lengths mean a few compiled programs."""
+  return min(int(max_len), max(int(smallest), 1 << max(int(length) - 1, 0).bit_length()))
+
+
+def resize(cache: KVCache, length: int) -> KVCache:
+  """The first `length` slots of every row, or the cache padded with empty slots (zero
+  keys and values, segment 0 = never written) up to `length`. Slots past a session's
+  tokens are masked out of attention, so resizing never changes a result."""
+  def fit(x, axis):
+    have = x.shape[axis]
+    if have >= length:
+      return jax.lax.slice_in_dim(x, 0, length, axis=axis)
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, length - have)
+    return jnp.pad(x, pad)
+  return KVCache(k=tuple(fit(x, 2) for x in cache.k), v=tuple(fit(x, 2) for x in cache.v),
+                 segments=fit(cache.segments, 1))

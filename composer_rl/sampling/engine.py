@@ -11,10 +11,12 @@ A fixed number of decode *slots* is shared by many concurrent agent sessions:
   state, steps = engine.generate_many(params, state, budgets, stop_tokens, k)  # k steps, on device
 
 `prefill` with `existing_prefix` feeds only the new tokens at the end of the session's saved
-cache: the history is never re-prefilled. Every computation is the model's one forward and
-the shared token head, so a token's log-prob is identical, bit for bit, to the trainer's
-recomputation, whatever the slot or the other sessions in the batch (the parity design of
-`composer_rl.ops.exact`).
+cache: the history is never re-prefilled. A `Prefix` holds a cache as long as its session
+(a power-of-two bucket, `kv_cache.bucket_length`), not `max_seq_len`: parked sessions cost
+memory in proportion to their tokens; only the decode slots are `max_seq_len` long. Every
+computation is the model's one forward and the shared token head, so a token's log-prob is
+identical, bit for bit, to the trainer's recomputation, whatever the slot or the other
+sessions in the batch (the parity design of `composer_rl.ops.exact`).
 
 Method names and argument order follow `jetstream.engine.engine_api.Engine` (prefill,
 insert, generate, init_decode_state, max_concurrent_decodes, max_prefill_length); `release`
@@ -31,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from flax import nnx
 
+from composer_rl.model import kv_cache as kvc
 from composer_rl.model.kv_cache import KVCache
 from composer_rl.model.transformer import Transformer
 from composer_rl.sampling import head as head_lib
@@ -124,6 +127,7 @@ class Engine:
     self._generate_fn = jax.jit(self._generate_impl, donate_argnums=(1,))
     self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._release_fn = jax.jit(self._release_impl)
+    self._resize_fn = jax.jit(kvc.resize, static_argnums=(1,))
     self._sample_fn = jax.jit(self._sample_impl, static_argnums=(7,))
     self._generate_many_fn = jax.jit(self._generate_many_impl, donate_argnums=(1,),
                                      static_argnums=(4,))
@@ -205,7 +209,8 @@ class Engine:
                           jnp.asarray([r.seed for r in reqs], jnp.uint32), sampling, rows)
     # Routing records on the host: slicing per length on device compiles a program per length.
     fed = np.asarray(jnp.concatenate(ids, axis=1))
-    return [p.replace(expert_ids=fed[i, :lens[i]]) for i, p in enumerate(out[:n])]
+    return [self._trimmed(p, starts[i] + lens[i]).replace(expert_ids=fed[i, :lens[i]])
+            for i, p in enumerate(out[:n])]
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     if not 0 <= slot < self.slots:
@@ -229,8 +234,16 @@ class Engine:
 
   def release(self, decode_state: DecodeState, slot: int) -> Prefix:
     """Copies a slot's session out (its cache and pending token) so the slot can be reused;
-    pass the result as `existing_prefix` to continue the session later."""
-    return self._release_fn(decode_state, jnp.int32(slot))
+    pass the result as `existing_prefix` to continue the session later. The saved cache is
+    as long as the session needs (`kv_cache.bucket_length`), not `max_seq_len`: a parked
+    session waiting on a tool holds memory in proportion to its tokens."""
+    return self._trimmed(self._release_fn(decode_state, jnp.int32(slot)),
+                         int(decode_state.lengths[slot]))
+
+  def _trimmed(self, prefix: Prefix, length: int) -> Prefix:
+    """`prefix` with its cache cut to the bucket that holds `length` tokens."""
+    keep = kvc.bucket_length(length, self.config.max_seq_len)
+    return prefix.replace(cache=self._resize_fn(prefix.cache, keep))
 
   def free(self, decode_state: DecodeState, slot: int) -> DecodeState:
     return decode_state.replace(active=decode_state.active.at[slot].set(False))
@@ -248,6 +261,7 @@ class Engine:
     return out.cache, jnp.where((valid > 0)[:, None], at, last), out.expert_ids
 
   def _put_row_impl(self, cache, row_cache, i):
+    row_cache = kvc.resize(row_cache, cache.length)
     return jax.tree.map(
         lambda full, one: jax.lax.dynamic_update_index_in_dim(full, one[0], i, 0), cache,
         row_cache)
@@ -270,7 +284,7 @@ class Engine:
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
     def put(full, one):
       return jax.lax.dynamic_update_index_in_dim(full, one[0].astype(full.dtype), slot, 0)
-    cache = jax.tree.map(put, state.cache, prefix.cache)
+    cache = jax.tree.map(put, state.cache, kvc.resize(prefix.cache, state.cache.length))
     sampling = jax.tree.map(put, state.sampling, prefix.sampling)
     return DecodeState(cache=cache, lengths=state.lengths.at[slot].set(prefix.length),
                        last_token=state.last_token.at[slot].set(prefix.token),

@@ -41,7 +41,7 @@ def score_tokens(model: Transformer, tokens: jax.Array, sampling: head_lib.RowSa
     raise ValueError(f"sequence length {s} exceeds max_seq_len={model.config.max_seq_len}")
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None], (b, s))
-  out = model.forward(tokens, positions, KVCache.init(model.config, b),
+  out = model.forward(tokens, positions, KVCache.for_tokens(model.config, b, s),
                       jnp.zeros((b,), jnp.int32), segment_ids)
   rows = b * (s - 1)
   per_row = jax.tree.map(lambda x: jnp.repeat(x, s - 1), sampling)

@@ -12,15 +12,17 @@ which is why every per-token log-prob is bitwise identical to the sampler's and 
 Determinism across device counts. Each device splits its rows into microbatches of
 `micro_batch_size` rows and computes one gradient per microbatch (the same program on the
 same shapes whatever the device count). Microbatch gradients are then summed in a fixed
-balanced binary tree: first over a device's own microbatches, then over devices after an
-all-gather (which moves bits, it does not add). When the number of microbatches per device
-and the number of devices are powers of two, the device-local subtrees are exactly subtrees
-of the 1-device tree, so loss, gradients, gradient norm and updated parameters are bitwise
+balanced binary tree (`composer_rl.train.reduction`): first over a device's own
+microbatches as they are computed (O(log n) partial sums held, not one gradient per
+microbatch), then over devices by recursive doubling (one partner's sum in flight, not an
+all-gather of every device's). When the number of microbatches per device and the number
+of devices are powers of two, the device-local subtrees are exactly subtrees of the
+1-device tree, so loss, gradients, gradient norm and updated parameters are bitwise
 identical on 1 and N devices. `grad_reduce='psum'` uses XLA's all-reduce instead (less
 memory and communication; sums in a backend-chosen order, so the last bits can differ).
 """
 import dataclasses
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import flax.struct
 import jax
@@ -32,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from composer_rl.model import sharding as shd
 from composer_rl.model.config import ModelConfig
 from composer_rl.model.transformer import Transformer, load_balancing_loss
-from composer_rl.train import losses
+from composer_rl.train import losses, reduction
 from composer_rl.train.batch import TrainBatch
 from composer_rl.train.optimizer import (OptimizerConfig, clip_by_global_norm, global_norm,
                                          make_optimizer, schedule)
@@ -83,16 +85,6 @@ class TrainState:
   opt_state: Any
   rng: jax.Array
   ref_params: Any = None
-
-
-def tree_sum(stack: Any, combine: Callable[[Any, Any], Any]) -> Any:
-  """Pairwise (balanced binary tree) reduction over the leading axis of every leaf."""
-  n = jax.tree.leaves(stack)[0].shape[0]
-  items = [jax.tree.map(lambda x, i=i: x[i], stack) for i in range(n)]
-  while len(items) > 1:
-    paired = [combine(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
-    items = paired + ([items[-1]] if len(items) % 2 else [])
-  return items[0]
 
 
 def _combine(a, b):
@@ -198,10 +190,13 @@ class TrainStep:
           params, ref_params, mb, norms)
       return grads, loss, metrics
 
-    local = tree_sum(jax.lax.map(one, micro), _combine)
-    if self.config.grad_reduce == "tree":
+    local = reduction.streaming_tree_sum(one, micro, _combine)
+    if self.config.grad_reduce == "tree" and self.num_shards & (self.num_shards - 1):
       gathered = jax.tree.map(lambda x: jax.lax.all_gather(x, self.batch_axes), local)
-      grads, loss, metrics = tree_sum(gathered, _combine)
+      grads, loss, metrics = reduction.tree_sum(gathered, _combine)
+    elif self.config.grad_reduce == "tree":
+      grads, loss, metrics = reduction.butterfly_sum(local, _combine, self.batch_axes,
+                                                     self.num_shards)
     else:
       grads, loss = jax.lax.psum((local[0], local[1]), self.batch_axes)
       metrics = {k: (jax.lax.pmax(v, self.batch_axes) if k.endswith("_max") else

@@ -1,7 +1,9 @@
-"""Agent RL in Qwen3's chat format (`config.chat.format='qwen3'`): a byte-level BPE tokenizer
-shaped like Qwen3's is trained here on the tasks' code (nothing downloaded); demonstrations,
-SFT, rollouts, RL and evaluation then run with its ids, `<|im_start|>` turns and
-`<tool_call>` calls that the harness parses; bad chat settings fail naming the field."""
+"""Agent RL in Qwen3's chat format (`config.chat.format='qwen3'`), run the way
+docs/qwen3_guide.md tells a user to: a Qwen3-architecture model made by `transformers` with a
+byte-level BPE tokenizer trained here (nothing downloaded) is converted, tasks are made from
+a small repository, and demonstrations, SFT, rollouts, RL and evaluation run with its ids,
+`<|im_start|>` turns and `<tool_call>` calls that the harness parses; the export loads in
+`transformers`. Bad chat settings fail naming the field."""
 import glob
 import json
 import os
@@ -36,25 +38,78 @@ def _rows(path):
     return [json.loads(line) for line in f if line.strip()]
 
 
-def test_agent_rl_runs_a_converted_checkpoint_in_qwen3_format(tmp_path, tokenizer_dir,
-                                                               checkpoint):
-  """The checkpoint's architecture, weights and tokenizer (its hf_files/) start the run."""
-  wd = tmp_path / "wd"
-  cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
-         f"--config={os.path.join(ROOT, 'experiments', 'tiny_bugfix.py')}:smoke",
-         f"--workdir={wd}", "--config.chat.format=qwen3",
-         f"--config.init_checkpoint={checkpoint}", "--config.sft.num_demos=6",
-         "--config.rl.max_turn_tokens=48", "--config.model.max_seq_len=2048"]
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-  assert out.returncode == 0, out.stderr[-3000:]
-  summary = json.loads(out.stdout.strip().splitlines()[-1])
+GUIDE = os.path.join(ROOT, "docs", "qwen3_guide.md")
+
+# A user's repository: a package whose own tests pass. Six functions: the tasks' held-out
+# split is the fifth by name (`mean`). Task ids hash the files; with these, three of the
+# five train tasks are among the weak demonstrator's fixes (a `fix_prob` share of ids).
+MYLIB = {
+    "mylib/__init__.py": (
+        '"""mylib 0."""\n\n\n'
+        "def add(a, b):\n    return a + b\n\n\n"
+        "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n"
+        "        return hi\n    return x\n\n\n"
+        "def is_even(n):\n    return n % 2 == 0\n\n\n"
+        "def last(items):\n    if not items:\n        return None\n    return items[-1]\n\n\n"
+        "def mean(xs):\n    return sum(xs) / len(xs)\n\n\n"
+        "def smaller(a, b):\n    if a < b:\n        return a\n    return b\n"),
+    "tests/test_mylib.py": (
+        "from mylib import add, clamp, is_even, last, mean, smaller\n\n\n"
+        "def test_add():\n    assert add(2, 3) == 5 and add(-1, 1) == 0\n\n\n"
+        "def test_clamp():\n    assert clamp(5, 0, 3) == 3 and clamp(-2, 0, 3) == 0 "
+        "and clamp(2, 0, 3) == 2\n\n\n"
+        "def test_is_even():\n    assert is_even(4) and not is_even(3)\n\n\n"
+        "def test_last():\n    assert last([1, 2, 3]) == 3 and last([]) is None\n\n\n"
+        "def test_mean():\n    assert mean([1, 2, 3, 6]) == 3\n\n\n"
+        "def test_smaller():\n    assert smaller(1, 2) == 1 and smaller(5, 4) == 4\n"),
+}
+
+
+def guide_commands():
+  """The guide's bash blocks in order, without the one that sets the user's paths."""
+  with open(GUIDE) as f:
+    text = f.read()
+  blocks = [b.split("```", 1)[0].strip() for b in text.split("```bash\n")[1:]]
+  assert blocks[0].startswith("# set these")
+  return blocks[1:]
+
+
+def test_the_guide_runs_a_converted_checkpoint_on_your_repositorys_tasks(
+    tmp_path, tokenizer_dir, qwen3_hf_dir):
+  """docs/qwen3_guide.md, command by command: a Hugging Face Qwen3 checkpoint converted,
+  tasks made from a repository, SFT + async GRPO in Qwen3's format on them, the viewer,
+  the export loaded by `transformers`. Then what each step wrote is checked."""
+  repo, work = tmp_path / "mylib", tmp_path / "work"
+  for path, text in MYLIB.items():
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_text(text)
+  env = dict(os.environ, HF_DIR=qwen3_hf_dir, REPO=str(repo), WORK=str(work), SIZE=":smoke",
+             TEST_CMD="python -m pytest -q tests")
+  outputs = []
+  for cmd in guide_commands():
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", cmd], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{cmd}\n{done.stderr[-3000:]}"
+    outputs.append(done.stdout)
+  convert, make_tasks, train, view, export = outputs
+  assert json.loads(make_tasks.strip().splitlines()[-1])["kept"] >= 6
+  summary = json.loads(train.strip().splitlines()[-1])
   assert 0.0 <= summary["heldout_solve_rate_rl"] <= 1.0
+  assert "Qwen3ForCausalLM" in export
+  wd = work / "run"
+  # The run trained and evaluated on the directory's split: held-out tasks break a
+  # function no train task breaks.
+  from composer_rl.env.tasks import realrepo  # pylint: disable=import-outside-toplevel
+  split = realrepo.load_task_dir(str(work / "tasks"))
+  held = {t.meta["function"] for t in split["heldout"]}
+  assert held == {"mean"} and not held & {t.meta["function"] for t in split["train"]}
   tok = HfTokenizer(tokenizer_dir)
   im_start, im_end = tok.token_id("<|im_start|>"), tok.token_id("<|im_end|>")
   (demo_file,) = glob.glob(str(wd / "demos_*.jsonl"))
   demos = _rows(demo_file)
-  # The demonstrator wrote Qwen3 calls, the harness parsed every one, and the fixing
-  # demonstrations earned their reward in the sandbox.
+  # The demonstrator wrote Qwen3 calls on the repository's tasks, the harness parsed every
+  # one, and the fixing demonstrations earned their reward in the sandbox.
+  assert all(d["task_id"] in {t.id for t in split["train"]} for d in demos)
   assert all(text.startswith("<tool_call>\n") for d in demos for text in d["turn_texts"])
   assert all(d["metrics"]["malformed_calls"] == 0 for d in demos)
   assert any(d["reward"] == 1.0 for d in demos)
@@ -68,10 +123,8 @@ def test_agent_rl_runs_a_converted_checkpoint_in_qwen3_format(tmp_path, tokenize
   assert sessions and all(t["tokens"][0] == im_start for t in sessions)
   assert all(max(t["tokens"]) < tok.vocab_size for t in sessions)
   assert all(t["logprobs_are_uint32_bits"] and sum(t["loss_mask"]) > 0 for t in sessions)
-  _export_loads_in_transformers_and_generates(wd, tokenizer_dir, checkpoint)
-  # The viewer reads the run's Qwen3 calls and token names (its chat.json).
-  from composer_rl.viewer import build  # pylint: disable=import-outside-toplevel
-  assert build.build(str(wd))["sessions"] >= len(demos) + len(sessions)
+  _export_is_the_trained_policy_and_generates(wd, work / "export", qwen3_hf_dir)
+  # The viewer read the run's Qwen3 calls and token names (its chat.json).
   (demo_shard,) = glob.glob(str(wd / "viewer" / "data" / "shards" / "demos_*.0.json"))
   with open(demo_shard) as f:
     demo_views = json.load(f)
@@ -80,28 +133,22 @@ def test_agent_rl_runs_a_converted_checkpoint_in_qwen3_format(tmp_path, tokenize
     assert all(t["call"] is not None and t["error"] is None for t in v["turns_detail"])
 
 
-def _export_loads_in_transformers_and_generates(wd, tokenizer_dir, checkpoint):
-  """The run's trained weights (final_params/) -> launch/convert_checkpoint.py
-  --export_from -> a Hugging Face directory that `transformers` loads and generates with:
-  its tensors are the trained ones (not the checkpoint the run started from)."""
+def _export_is_the_trained_policy_and_generates(wd, out, hf_dir):
+  """The exported tensors are the run's trained ones (final_params/, not the checkpoint
+  the run started from), and `transformers` generates with them."""
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
   import numpy as np  # pylint: disable=import-outside-toplevel
   from composer_rl.model import hf_qwen3  # pylint: disable=import-outside-toplevel
-  out = wd / "exported"
-  done = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "convert_checkpoint.py"),
-                         f"--export_from={wd / 'final_params'}", f"--out={out}"],
-                        capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0, done.stderr[-2000:]
   assert os.path.exists(out / "tokenizer.json")
   model = transformers.Qwen3ForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32)
+  start = transformers.Qwen3ForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
   tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
   trained = hf_qwen3.load_params(str(wd / "final_params"))
-  start = hf_qwen3.load_params(checkpoint)
   got = model.model.layers[0].mlp.down_proj.weight.detach().numpy()
   want = np.asarray(trained["blocks"][0]["ffn"]["w_down"]).T
   assert np.array_equal(got, want.astype(got.dtype))
-  assert not np.array_equal(want, np.asarray(start["blocks"][0]["ffn"]["w_down"]).T)
+  assert not np.array_equal(got, start.model.layers[0].mlp.down_proj.weight.detach().numpy())
   ids = torch.tensor([tok.encode("def add(a, b):")])
   gen = model.generate(ids, max_new_tokens=8, do_sample=False,
                        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))

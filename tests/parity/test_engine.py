@@ -6,6 +6,7 @@ import pytest
 from flax import nnx
 
 from composer_rl.model import Transformer, get_preset
+from composer_rl.model.kv_cache import bucket_length
 from composer_rl.sampling.engine import Engine, Request
 from composer_rl.sampling.sampler import Sampler, SamplingConfig
 from composer_rl.train.scoring import score_tokens
@@ -54,6 +55,10 @@ def test_multi_turn_sessions_interleaved_in_slots_are_exact(model):
       gen_lp[sess].append(step.logprobs[slot])
       history[sess].append(int(step.tokens[slot]))
     saved[sess] = eng.release(state, slot)
+    # A parked session keeps only the cache its tokens need (a power-of-two bucket).
+    kept = int(saved[sess].length)
+    assert saved[sess].cache.length == bucket_length(kept, 96) < 96
+    assert saved[sess].cache.k[0].shape[2] == saved[sess].cache.length
     state = eng.free(state, slot)
     # The last sampled token was never fed; the tool result follows it.
     history[sess] += rng.integers(1, 200, 4).tolist()

@@ -6,7 +6,8 @@ import pytest
 from composer_rl.model import sharding as shd
 from composer_rl.train import losses
 from composer_rl.train.optimizer import OptimizerConfig
-from composer_rl.train.train_step import TrainConfig, make_train_step, tree_sum
+from composer_rl.train.reduction import tree_sum
+from composer_rl.train.train_step import TrainConfig, make_train_step
 
 from .helpers import TINY, on_policy_batch
 

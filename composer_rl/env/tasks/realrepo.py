@@ -1,4 +1,5 @@
-"""Real-repository tasks from the vendored toolz sdist (source name: "toolz").
+"""Real-repository tasks: the vendored toolz sdist (source "toolz") and any directory of
+tasks `launch/make_tasks.py` built from your own repository (source "dir", `tasks.dir`).
 
 `data/toolz-1.2.0/` is a trimmed copy of toolz 1.2.0's source distribution from PyPI (BSD-3
 licence kept; its own test suite in toolz/tests). `data/toolz_tasks.json` holds the tasks
@@ -7,17 +8,18 @@ pytest -q toolz/tests" --spec_out=...` validated (oracle passes, mutation fails 
 stored compactly as the edit that injects each bug; `load_toolz_tasks()` rebuilds full Tasks
 from the vendored tree, so nothing is downloaded at run time.
 
-All real-repository tasks are in the "train" split; "heldout" is empty here (index errors).
+All toolz tasks are in the "train" split; "heldout" is empty there (index errors). A task
+directory holds out the bugs of every fifth function (`load_task_dir`).
 """
 from __future__ import annotations
 
 import functools
 import json
 import os
-from typing import List
+from typing import Dict, List
 
 from composer_rl.env.tasks.registry import TASK_SOURCES
-from composer_rl.env.tasks.repo_builder import load_repo
+from composer_rl.env.tasks.repo_builder import load_repo, load_tasks
 from composer_rl.env.tasks.task import Edit, Task
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
@@ -68,4 +70,39 @@ def toolz_task(split: str = "train", index: int = 0, seed: int = 0) -> Task:
     if split != "train":
         raise IndexError("the toolz source has only a 'train' split")
     tasks = load_toolz_tasks()
+    return tasks[index % len(tasks)]
+
+
+@functools.lru_cache(maxsize=8)
+def load_task_dir(path: str) -> Dict[str, tuple]:
+    """The tasks `launch/make_tasks.py` wrote into `path`, split by the function they break:
+    the functions (sorted by name) at positions 4, 9, 14, ... -- or the last one when there
+    are fewer than five -- are held out, so no held-out bug is in a function seen in
+    training. A single function means no held-out split."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"tasks.dir={path!r} is not a directory (make one with "
+                                "launch/make_tasks.py --out=DIR)")
+    tasks = load_tasks(path)
+    if not tasks:
+        raise ValueError(f"tasks.dir={path!r} holds no task files (*.json from "
+                         "launch/make_tasks.py)")
+    functions = sorted({t.meta.get("function", t.id) for t in tasks})
+    held = set(functions[4::5]) or ({functions[-1]} if len(functions) > 1 else set())
+    by_split = {"train": [], "heldout": []}
+    for t in tasks:
+        by_split["heldout" if t.meta.get("function", t.id) in held else "train"].append(t)
+    return {k: tuple(v) for k, v in by_split.items()}
+
+
+@TASK_SOURCES.register("dir")
+def dir_task(split: str = "train", index: int = 0, seed: int = 0, path: str = "") -> Task:
+    """Tasks from your own repository (`launch/make_tasks.py --out=DIR`; `tasks.dir`)."""
+    if not path:
+        raise ValueError("the 'dir' task source needs tasks.dir (a launch/make_tasks.py --out)")
+    tasks = load_task_dir(os.path.abspath(path)).get(split)
+    if tasks is None:
+        raise IndexError(f"the 'dir' task source has splits 'train' and 'heldout', not {split!r}")
+    if not tasks:
+        raise IndexError(f"tasks.dir={path!r} has no {split!r} tasks (a held-out split needs "
+                         "tasks breaking at least two different functions)")
     return tasks[index % len(tasks)]
