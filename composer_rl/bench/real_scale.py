@@ -38,6 +38,8 @@ _NEW = flags.DEFINE_integer("new_tokens", 32, "Decoded tokens per session.")
 _MAX_SEQ = flags.DEFINE_integer("max_seq_len", 2048, "Window (decode slot length).")
 _ROWS = flags.DEFINE_integer("train_rows", 8, "Sessions per RL train step.")
 _LEN = flags.DEFINE_integer("train_len", 1024, "Tokens per session in the train step.")
+_REMAT = flags.DEFINE_enum("remat", "full", ["none", "dots", "full"],
+                           "ModelConfig.remat of the train step.")
 _BUDGET = flags.DEFINE_float("memory_budget_gb", 20.0, "Run the train step only below this.")
 _PAPER = flags.DEFINE_list("paper_presets", ["qwen3_0_6b", "qwen3_30b_a3b"],
                            "Presets sized on paper.")
@@ -52,7 +54,7 @@ def _peak_rss_gb() -> float:
 
 def _config():
   from composer_rl.model import get_preset
-  return get_preset(_PRESET.value, max_seq_len=_MAX_SEQ.value)
+  return get_preset(_PRESET.value, max_seq_len=_MAX_SEQ.value, remat=_REMAT.value)
 
 
 def kv_bytes_per_token(cfg) -> int:
@@ -160,7 +162,7 @@ def train_part() -> dict:
   mem = compiled.memory_analysis()
   predicted = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes \
       - mem.alias_size_in_bytes
-  out = {"rows": rows, "tokens_per_row": length, "micro_batch_size": 1,
+  out = {"rows": rows, "tokens_per_row": length, "micro_batch_size": 1, "remat": cfg.remat,
          "compile_seconds": round(compile_s, 2),
          "predicted_bytes": {"arguments": mem.argument_size_in_bytes,
                              "temporaries": mem.temp_size_in_bytes,

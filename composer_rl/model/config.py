@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from composer_rl.ops import exact
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+REMAT_POLICIES = ("none", "dots", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,10 @@ class ModelConfig:
       `token_count` on are -inf, so they are never sampled and carry no probability: the
       embedding rows a checkpoint pads past its tokenizer (Qwen3: 151,936 rows for 151,669
       tokens) can decode to nothing.
+    remat: what the training backward keeps of each block's forward: 'none' (everything,
+      fastest), 'dots' (matmul outputs; the rest is recomputed) or 'full' (only the block's
+      input; the block is recomputed: activation memory of one block, not of all). The
+      forward's values, and so every log-prob, are the same bits under every policy.
     exact_numerics: True (default) runs the batch-invariant ops of `composer_rl.ops.exact`
       (fixed contraction chunks, >= 8 rows per dot, attention in fixed key blocks);
       False runs plain whole-width matmuls and one-block attention: sampler and trainer
@@ -81,6 +86,7 @@ class ModelConfig:
   attention_key_block: int = 0
   exact_numerics: bool = True
   token_count: int = 0
+  remat: str = "none"
 
   def __post_init__(self):
     def bad(msg):
@@ -104,6 +110,8 @@ class ModelConfig:
       bad(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
       bad(f"head_dim={self.head_dim} must be even for RoPE")
+    if self.remat not in REMAT_POLICIES:
+      bad(f"remat={self.remat!r}; choose one of {list(REMAT_POLICIES)}")
     for name in ("param_dtype", "compute_dtype"):
       if getattr(self, name) not in _DTYPES:
         bad(f"{name}={getattr(self, name)!r}; choose one of {sorted(_DTYPES)}")

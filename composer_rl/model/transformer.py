@@ -10,6 +10,7 @@ Numerics (see `composer_rl.ops.exact`): fp32 master parameters, matmul inputs ca
 Parameters carry logical axis names (`out_sharding` metadata) that
 `composer_rl.model.sharding` maps onto a device mesh.
 """
+import functools
 from typing import NamedTuple, Optional
 
 import jax
@@ -21,6 +22,9 @@ from composer_rl.model.config import ModelConfig
 from composer_rl.ops import exact, grouped
 
 F32 = jnp.float32
+# ModelConfig.remat -> what `jax.checkpoint` keeps of a block for the backward.
+_REMAT = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+          "full": jax.checkpoint_policies.nothing_saveable}
 
 
 def _param(rngs: nnx.Rngs, shape, axes, scale: Optional[float] = None, ones=False,
@@ -164,6 +168,29 @@ class Transformer(nnx.Module):
       top_p = top_p / exact.row_sum(top_p)[:, None]
     return x, h, top_i.astype(jnp.int32), (top_p, probs)
 
+  def _layer(self, block: Block, x, k_cache, v_cache, *, pos_rows, slots, segments,
+             segment_ids, key_len):
+    """One block on the padded rows x: (x, its k and v caches with this call's tokens
+    written, and for an MoE block the experts chosen and the router distribution)."""
+    c = self.config
+    b, s = slots.shape
+    n = b * s
+    q, k, v = (a[:n] for a in self._qkv(block.attn, x, pos_rows))
+    k_cache = kvc.write_slots(k_cache, k.reshape(b, s, *k.shape[1:]), slots)
+    v_cache = kvc.write_slots(v_cache, v.reshape(b, s, *v.shape[1:]), slots)
+    attn = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k_cache, v_cache,
+                           segments, slots, segment_ids, c.exact_numerics, c.key_block, key_len)
+    attn_rows = exact.pad_rows(attn.reshape(n, c.num_heads * c.head_dim))
+    x, h, ids, extra = self._post_attention(block, x, attn_rows)
+    if ids is None:
+      return x, k_cache, v_cache, None, None
+    gates, probs = extra
+    ffn = block.ffn
+    x = x + grouped.grouped_swiglu(h, ids, gates, ffn.w_gate[...], ffn.w_up[...],
+                                   ffn.w_down[...], c.row_tile, c.compute_jnp_dtype,
+                                   exact_numerics=c.exact_numerics)
+    return x, k_cache, v_cache, ids, probs
+
   # ---- the one forward ----------------------------------------------------------------
   def forward(self, tokens: jax.Array, positions: jax.Array, cache: kvc.KVCache,
               cache_index: jax.Array, segment_ids: Optional[jax.Array] = None,
@@ -195,22 +222,14 @@ class Transformer(nnx.Module):
     x, pos_rows = exact.pad_rows((x, pos_rows))
     new_k, new_v, all_ids, all_probs = [], [], [], []
     for i, block in enumerate(self.blocks):
-      q, k, v = (a[:n] for a in self._qkv(block.attn, x, pos_rows))
-      k_cache = kvc.write_slots(cache.k[i], k.reshape(b, s, *k.shape[1:]), slots)
-      v_cache = kvc.write_slots(cache.v[i], v.reshape(b, s, *v.shape[1:]), slots)
+      layer = functools.partial(self._layer, block, pos_rows=pos_rows, slots=slots,
+                                segments=segments, segment_ids=segment_ids, key_len=key_len)
+      if c.remat != "none":
+        layer = jax.checkpoint(layer, policy=_REMAT[c.remat])
+      x, k_cache, v_cache, ids, probs = layer(x, cache.k[i], cache.v[i])
       new_k.append(k_cache)
       new_v.append(v_cache)
-      attn = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k_cache, v_cache,
-                             segments, slots, segment_ids, c.exact_numerics,
-                             c.key_block, key_len)
-      attn_rows = exact.pad_rows(attn.reshape(n, c.num_heads * c.head_dim))
-      x, h, ids, extra = self._post_attention(block, x, attn_rows)
       if ids is not None:
-        gates, probs = extra
-        ffn = block.ffn
-        x = x + grouped.grouped_swiglu(h, ids, gates, ffn.w_gate[...], ffn.w_up[...],
-                                       ffn.w_down[...], c.row_tile, c.compute_jnp_dtype,
-                                       exact_numerics=c.exact_numerics)
         all_ids.append(ids[:n])
         all_probs.append(probs[:n])
     if all_ids:

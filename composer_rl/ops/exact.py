@@ -71,6 +71,8 @@ def map_row_tiles(fn: Callable[..., Any], rows: Any, tile: Optional[int]) -> Any
   repeating the last row (zeros would put e.g. a temperature of 0 into the padding, whose
   NaN partials poison the weight gradient even under a zero cotangent); padding rows are
   computed and dropped. `tile=None` (or a tile covering every row) calls `fn` once.
+  Each tile is rematerialized in a backward pass (`jax.checkpoint`): differentiating
+  keeps one tile's intermediates at a time, not every tile's.
   """
   leaves = jax.tree.leaves(rows)
   num_rows = leaves[0].shape[0]
@@ -83,7 +85,7 @@ def map_row_tiles(fn: Callable[..., Any], rows: Any, tile: Optional[int]) -> Any
     x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), mode="edge")
     return x.reshape((num_tiles, tile) + x.shape[1:])
 
-  out = lax.map(fn, jax.tree.map(to_tiles, rows))
+  out = lax.map(jax.checkpoint(fn), jax.tree.map(to_tiles, rows))
   return jax.tree.map(lambda y: y.reshape((num_tiles * tile,) + y.shape[2:])[:num_rows], out)
 
 

@@ -148,6 +148,18 @@ def token_head(logits_fn, hidden: jax.Array, keys: jax.Array, targets: jax.Array
   return jax.tree.map(lambda x: x[:num_rows], out)
 
 
+# Elements of one tile's [rows, vocab] fp32 logits in training (~128 MiB): the head's
+# softmax, log-softmax and entropy over Qwen3's 151,936 tokens would otherwise hold ~16
+# copies of [tokens, vocab] (10 GB for one 1,024-token row); small vocabularies get one tile.
+TRAIN_TILE_ELEMENTS = 32 << 20
+
+
+def train_tile(vocab_size: int) -> int:
+  """Rows per head call when scoring for training (a power of two, at least 16)."""
+  rows = max(16, TRAIN_TILE_ELEMENTS // vocab_size)
+  return 1 << (rows.bit_length() - 1)
+
+
 def token_keys(seed, seq_ids: jax.Array, positions: jax.Array) -> jax.Array:
   """Raw threefry keys [R, 2] for the tokens at `positions` of sequences `seq_ids`.
 

@@ -41,13 +41,17 @@ def score_tokens(model: Transformer, tokens: jax.Array, sampling: head_lib.RowSa
     raise ValueError(f"sequence length {s} exceeds max_seq_len={model.config.max_seq_len}")
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None], (b, s))
-  out = model.forward(tokens, positions, KVCache.for_tokens(model.config, b, s),
-                      jnp.zeros((b,), jnp.int32), segment_ids)
+  # The cache holds just these rows (not the model's window), and every key is in it: a
+  # static key length, so no per-bucket branches (whose residuals a backward pass would
+  # all keep). Attention's bits do not depend on either (`composer_rl.ops.exact`).
+  cache = KVCache.for_tokens(model.config, b, s)
+  out = model.forward(tokens, positions, cache, jnp.zeros((b,), jnp.int32), segment_ids,
+                      key_len=cache.length)
   rows = b * (s - 1)
   per_row = jax.tree.map(lambda x: jnp.repeat(x, s - 1), sampling)
   head = head_lib.token_head(
       model.logits, out.hidden[:, :-1].reshape(rows, -1), jnp.zeros((rows, 2), jnp.uint32),
-      tokens[:, 1:].reshape(rows), per_row)
+      tokens[:, 1:].reshape(rows), per_row, tile=head_lib.train_tile(model.config.vocab_size))
   valid = jnp.ones((b, s), bool) if segment_ids is None else segment_ids > 0
   valid = valid[:, 1:]
   return Scores(logprobs=jnp.where(valid, head.logprobs.reshape(b, s - 1), 0.0),
