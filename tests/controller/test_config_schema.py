@@ -100,6 +100,12 @@ BROKEN = [
      r"config\.serve\.slotz: unknown field"),
     ("tiny_pipeline", "smoke", lambda c: setattr(c.pretrain.train, "stesp", 3),
      r"config\.pretrain\.train\.stesp: unknown field"),
+    ("tiny_bugfix", "smoke", lambda c: setattr(c.tasks, "family", "dir"),
+     r"config\.tasks\.dir: the 'dir' task source needs the directory"),
+    ("tiny_bugfix", "smoke", lambda c: setattr(c.tasks, "dir", "/tmp/tasks"),
+     r"config\.tasks\.dir is set but config\.tasks\.family='generated'"),
+    ("tiny_bugfix", "smoke", lambda c: setattr(c.model, "remat", "some"),
+     r"remat='some'; choose one of"),
 ]
 
 

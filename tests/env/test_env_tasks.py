@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from composer_rl.env.tasks import TASK_SOURCES, Task, get_task
 from composer_rl.env.tasks.generated import generate
 from envtest_helpers import REPO
@@ -73,3 +75,12 @@ def test_make_tasks_refuses_failing_pristine(tmp_path):
                         "--test_cmd=python -m pytest -q", f"--out={tmp_path / 'o'}"],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert p.returncode == 1 and "fails on the pristine repository" in p.stderr
+
+
+def test_dir_source_errors_name_the_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        get_task("dir", "train", 0, path=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="holds no task files"):
+        get_task("dir", "train", 0, path=str(tmp_path))
+    with pytest.raises(ValueError, match="needs tasks.dir"):
+        get_task("dir", "train", 0)
