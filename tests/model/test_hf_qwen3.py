@@ -306,7 +306,7 @@ def test_clear_errors(dense, moe, tmp_path):
     hf_qwen3.SafetensorsReader(missing)
 
 
-@pytest.mark.parametrize("which", ["dense", "moe"])
+@pytest.mark.parametrize("which", [pytest.param("dense", marks=pytest.mark.slow), "moe"])
 def test_parity_suite_is_clean_on_imported_checkpoints(which, dense, moe):
   """Sampler/trainer bitwise parity holds on imported Qwen3 weights (bf16 compute): decode
   vs full forward and value_and_grad, experts included. Kept to the fewest cases (compiles

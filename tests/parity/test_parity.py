@@ -56,9 +56,11 @@ def test_random_shapes_are_bitwise_exact(seed):
   assert report["cases"] == 1 + 2 + 1 + (cfg.compute_dtype == "bfloat16") + 2 + 3
 
 
+@pytest.mark.slow
 def test_realistic_size_moe_is_bitwise_exact():
   """d_model 512, vocab 2048, 4 layers, MoE: past the K >= 512 size where plain matmul rows
-  start depending on the number of rows."""
+  start depending on the number of rows. `slow` (~110 s): `launch/parity.py
+  --config=experiments/parity.py` runs this size with more cases (BUILD_NOTES)."""
   cfg = ModelConfig(vocab_size=2048, d_model=512, num_layers=4, num_heads=8, num_kv_heads=4,
                     head_dim=64, d_ff=1024, max_seq_len=96, num_experts=4, experts_per_token=2,
                     moe_d_ff=512, moe_layers=(1, 3), attention_key_block=16)
