@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # ~35 s; a benchmark command
 def test_real_scale_runs_small_and_reports_every_part():
   out = subprocess.run(
       [sys.executable, "-m", "composer_rl.bench.real_scale", "--preset=tiny",

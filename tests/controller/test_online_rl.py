@@ -20,6 +20,9 @@ def test_online_rl_smoke_closes_the_loop_and_resumes(tmp_path):
   trained twice) and publishes the resumed weights as a new version the server follows."""
   c = helpers.load_experiment("online_rl", "smoke")
   c.online.steps = 1
+  c.sft.update(num_demos=16, steps=2)
+  c.online.batch_size = 4  # 3 served sessions + 1 simulated rollout per step
+  c.eval.num_heldout = 2
   first = online_rl.run(c, str(tmp_path))
   before_mtime = (tmp_path / "eval_before.jsonl").stat().st_mtime
   c.online.steps = 2

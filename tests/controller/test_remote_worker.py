@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+
+import pytest
 import time
 
 import jax
@@ -76,6 +78,7 @@ def _verify_parity(shared, trajs):
   return compared
 
 
+@pytest.mark.slow  # ~155 s; the default suite is over 20 min (BUILD_NOTES)
 def test_remote_worker_sigkill_restart_exactly_once_and_exact(tmp_path):
   shared, wd = str(tmp_path / "shared"), str(tmp_path / "wd")
   controller = _spawn(os.path.join(ROOT, "launch", "train.py"), f"--config={CONFIG}:smoke",

@@ -4,6 +4,8 @@ compacted earn the task reward plus the weighted judge score, the step metrics r
 and evaluation reports the task reward alone (no judge call for held-out sessions)."""
 import json
 
+import pytest
+
 from composer_rl.controller import agent_rl
 from tests.rollout.test_summary_judge import JudgeServer
 from tests.train import helpers
@@ -14,6 +16,7 @@ def _rows(path):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow  # ~35 s; an optional reward term, off by default
 def test_judged_summaries_in_the_rl_loop(tmp_path):
   c = helpers.load_experiment("tiny_compaction", "smoke")
   c.sft.update(num_demos=2, steps=1)
