@@ -92,6 +92,7 @@ def test_ablation_smoke_runs_every_arm_and_resumes(tmp_path, monkeypatch):
     assert json.load(f) == out
 
 
+@pytest.mark.slow  # ~52 s; the default suite is over 20 min (BUILD_NOTES)
 def test_ablation_driver_one_arm_truncation(tmp_path):
   """The driver in the default suite at one arm (~35 s; all three: the slow test above):
   truncation through the whole loop, SFT -> RL -> evaluation -> full-window reference."""

@@ -17,6 +17,7 @@ def _bits(tree):
   return [np.asarray(x).view(np.uint32) for x in jax.tree.leaves(jax.device_get(tree))]
 
 
+@pytest.mark.slow  # ~72 s; the default suite is over 20 min (BUILD_NOTES)
 def test_pipeline_smoke_chains_the_stages(tmp_path, monkeypatch):
   c = helpers.load_experiment("tiny_pipeline", "smoke")
   c.compare_without_pretraining = False
