@@ -111,7 +111,7 @@ class SlotBatcher:
       self.stats["generated_tokens"] += 1
       if c.on_token(s, int(prefix.token), float(prefix.logprob), np.asarray(prefix.top_ids),
                     np.asarray(prefix.top_logprobs), self.version):
-        s.saved = prefix if c.keep_cache(s) else None
+        s.saved = self.engine.park(prefix) if c.keep_cache(s) else None
         ended.append(s)
       else:
         slot = self.slots.index(None)

@@ -11,9 +11,9 @@ A fixed number of decode *slots* is shared by many concurrent agent sessions:
   state, steps = engine.generate_many(params, state, budgets, stop_tokens, k)  # k steps, on device
 
 `prefill` with `existing_prefix` feeds only the new tokens at the end of the session's saved
-cache: the history is never re-prefilled. A `Prefix` holds a cache as long as its session
-(a power-of-two bucket, `kv_cache.bucket_length`), not `max_seq_len`: parked sessions cost
-memory in proportion to their tokens; only the decode slots are `max_seq_len` long. Every
+cache: the history is never re-prefilled. A parked `Prefix` (`release`, `park`) holds a
+cache as long as its session (a power-of-two bucket, `kv_cache.bucket_length`), not
+`max_seq_len`: parked sessions cost memory in proportion to their tokens. Every
 computation is the model's one forward and the shared token head, so a token's log-prob is
 identical, bit for bit, to the trainer's recomputation, whatever the slot or the other
 sessions in the batch (the parity design of `composer_rl.ops.exact`).
@@ -209,8 +209,7 @@ class Engine:
                           jnp.asarray([r.seed for r in reqs], jnp.uint32), sampling, rows)
     # Routing records on the host: slicing per length on device compiles a program per length.
     fed = np.asarray(jnp.concatenate(ids, axis=1))
-    return [self._trimmed(p, starts[i] + lens[i]).replace(expert_ids=fed[i, :lens[i]])
-            for i, p in enumerate(out[:n])]
+    return [p.replace(expert_ids=fed[i, :lens[i]]) for i, p in enumerate(out[:n])]
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     if not 0 <= slot < self.slots:
@@ -237,12 +236,12 @@ class Engine:
     pass the result as `existing_prefix` to continue the session later. The saved cache is
     as long as the session needs (`kv_cache.bucket_length`), not `max_seq_len`: a parked
     session waiting on a tool holds memory in proportion to its tokens."""
-    return self._trimmed(self._release_fn(decode_state, jnp.int32(slot)),
-                         int(decode_state.lengths[slot]))
+    return self.park(self._release_fn(decode_state, jnp.int32(slot)))
 
-  def _trimmed(self, prefix: Prefix, length: int) -> Prefix:
-    """`prefix` with its cache cut to the bucket that holds `length` tokens."""
-    keep = kvc.bucket_length(length, self.config.max_seq_len)
+  def park(self, prefix: Prefix) -> Prefix:
+    """`prefix` with its cache cut to the bucket its tokens need: what to keep while the
+    session waits (a prefix about to be inserted needs no cut)."""
+    keep = kvc.bucket_length(int(prefix.length), self.config.max_seq_len)
     return prefix.replace(cache=self._resize_fn(prefix.cache, keep))
 
   def free(self, decode_state: DecodeState, slot: int) -> DecodeState:
