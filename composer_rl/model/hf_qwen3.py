@@ -8,21 +8,25 @@ both ways between a Hugging Face directory (`config.json` + `model.safetensors` 
 `composer_rl.model.Transformer` (`nnx.to_pure_dict(nnx.split(model)[1])`, the tree
 `TrainState.params` holds):
 
+Block parameters are stacked over layers (`layers.attn.*` [L, ...] for every layer,
+`layers.mlp.*` for the dense layers and `layers.moe.*` for the MoE layers, in layer
+order); row i of a stack is layer i's tensor (of that kind):
+
   composer leaf                      Hugging Face tensor                      transform
   embed            [V, D]            model.embed_tokens.weight     [V, D]     copy
   lm_head          [D, V]            lm_head.weight                [V, D]     .T (absent if tied)
   final_norm       [D]               model.norm.weight             [D]        copy
-  blocks.i.attn.norm                 model.layers.i.input_layernorm.weight    copy
-  blocks.i.attn.wq [D, H*hd]         ...self_attn.q_proj.weight    [H*hd, D]  .T
-  blocks.i.attn.wk / wv [D, G*hd]    ...self_attn.k_proj / v_proj  [G*hd, D]  .T
-  blocks.i.attn.wo [H*hd, D]         ...self_attn.o_proj.weight    [D, H*hd]  .T
-  blocks.i.attn.q_norm / k_norm      ...self_attn.q_norm / k_norm  [hd]       copy
-  blocks.i.ffn.norm                  ...post_attention_layernorm.weight       copy
-  dense: ffn.w_gate / w_up [D, F]    ...mlp.gate_proj / up_proj    [F, D]     .T
-         ffn.w_down [F, D]           ...mlp.down_proj.weight       [D, F]     .T
-  MoE:   ffn.router [D, E]           ...mlp.gate.weight            [E, D]     .T
-         ffn.w_gate / w_up [E, D, f] ...mlp.experts.e.gate_proj / up_proj [f, D]  stack of .T
-         ffn.w_down [E, f, D]        ...mlp.experts.e.down_proj    [D, f]     stack of .T
+  layers.attn.norm[i]                model.layers.i.input_layernorm.weight    copy
+  layers.attn.wq[i] [D, H*hd]        ...self_attn.q_proj.weight    [H*hd, D]  .T
+  layers.attn.wk / wv[i] [D, G*hd]   ...self_attn.k_proj / v_proj  [G*hd, D]  .T
+  layers.attn.wo[i] [H*hd, D]        ...self_attn.o_proj.weight    [D, H*hd]  .T
+  layers.attn.q_norm / k_norm[i]     ...self_attn.q_norm / k_norm  [hd]       copy
+  layers.mlp/moe.norm[i]             ...post_attention_layernorm.weight       copy
+  mlp:   w_gate / w_up [D, F]        ...mlp.gate_proj / up_proj    [F, D]     .T
+         w_down [F, D]               ...mlp.down_proj.weight       [D, F]     .T
+  moe:   router [D, E]               ...mlp.gate.weight            [E, D]     .T
+         w_gate / w_up [E, D, f]     ...mlp.experts.e.gate_proj / up_proj [f, D]  stack of .T
+         w_down [E, f, D]            ...mlp.experts.e.down_proj    [D, f]     stack of .T
 
 Both sides lay heads out the same way (head h is rows h*hd:(h+1)*hd of the projection, and
 query head h reads kv head h // (H/G)), both use rotate-half RoPE after the per-head q/k
@@ -32,8 +36,9 @@ keeps in memory (`mlp.experts.gate_up_proj` [E, 2f, D], `mlp.experts.down_proj` 
 export always writes the per-expert layout the published checkpoints use.
 
 Safetensors go through `composer_rl.model.safetensors_io` (numpy, bfloat16 included, one
-tensor at a time), so neither direction ever holds more than one composer leaf (an expert
-stack at most) plus its source tensors in memory; the Orbax write reads from memory-mapped scratch files.
+tensor at a time), so neither direction ever holds more than one layer of one composer
+leaf (an expert stack at most) plus its source tensors in memory; conversion fills
+memory-mapped scratch files layer by layer and the Orbax write reads from them.
 Widening bf16/f16 to the fp32 master dtype and narrowing back is exact, so
 import -> export reproduces every tensor's bytes.
 """
@@ -54,7 +59,7 @@ from composer_rl.model.hf_config import (  # noqa: F401  (part of this module's 
 from composer_rl.model.safetensors_io import (  # noqa: F401  (part of this module's API)
     INDEX_FILE, NAME_TO_NP, SINGLE_FILE, ConversionError, SafetensorsReader,
     write_safetensors)
-from composer_rl.model.transformer import Transformer
+from composer_rl.model.transformer import Transformer, block_params
 
 # Files of a converted checkpoint directory.
 PARAMS_DIR, HF_CONFIG_FILE = "params", "hf_config.json"  # and MODEL_CONFIG_FILE
@@ -65,58 +70,85 @@ HF_EXTRA_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.
 
 
 # ---- the name mapping -----------------------------------------------------------------
+# A block parameter (`composer_rl.model.transformer.block_params`) -> its tensor in layer i
+# ("model.layers.{i}." + this) and how it maps ('experts_t': one tensor per expert {j}).
+_HF_NAMES = {
+    "attn": {"norm": ("input_layernorm.weight", "copy"),
+             "wq": ("self_attn.q_proj.weight", "t"), "wk": ("self_attn.k_proj.weight", "t"),
+             "wv": ("self_attn.v_proj.weight", "t"), "wo": ("self_attn.o_proj.weight", "t"),
+             "q_norm": ("self_attn.q_norm.weight", "copy"),
+             "k_norm": ("self_attn.k_norm.weight", "copy")},
+    "mlp": {"norm": ("post_attention_layernorm.weight", "copy"),
+            "w_gate": ("mlp.gate_proj.weight", "t"), "w_up": ("mlp.up_proj.weight", "t"),
+            "w_down": ("mlp.down_proj.weight", "t")},
+    "moe": {"norm": ("post_attention_layernorm.weight", "copy"),
+            "router": ("mlp.gate.weight", "t"),
+            "w_gate": ("mlp.experts.{j}.gate_proj.weight", "experts_t"),
+            "w_up": ("mlp.experts.{j}.up_proj.weight", "experts_t"),
+            "w_down": ("mlp.experts.{j}.down_proj.weight", "experts_t")},
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class _Leaf:
-  """One composer leaf and the Hugging Face tensors it is made of."""
+  """One composer leaf and the Hugging Face tensors it is made of.
+
+  shape: the composer leaf's shape (stacked leaves lead with their layer count).
+  hf_names: one group of tensor names per piece: per layer for a stacked leaf (the E
+    experts' tensors for 'experts_t'), a single group otherwise.
+  kind: 'copy', 't' (transpose), 'experts_t' (stack of per-expert transposes).
+  """
   path: Tuple[Any, ...]
   shape: Tuple[int, ...]
-  hf_names: Tuple[str, ...]
-  kind: str  # 'copy', 't' (transpose), 'experts_t' (stack of per-expert transposes)
+  hf_names: Tuple[Tuple[str, ...], ...]
+  kind: str
+  stacked: bool = False
+
+  def pieces(self):
+    """(index in the layer stack or None, tensor names) for every piece."""
+    return [(j if self.stacked else None, names) for j, names in enumerate(self.hf_names)]
+
+  @property
+  def piece_shape(self) -> Tuple[int, ...]:
+    return self.shape[1:] if self.stacked else self.shape
 
 
 def _leaves(cfg: ModelConfig) -> List[_Leaf]:
-  d, v, hd = cfg.d_model, cfg.vocab_size, cfg.head_dim
-  qd, kvd = cfg.num_heads * hd, cfg.num_kv_heads * hd
-  out = [_Leaf(("embed",), (v, d), ("model.embed_tokens.weight",), "copy")]
-  for i in range(cfg.num_layers):
-    p, b = f"model.layers.{i}.", ("blocks", i)
-    out += [_Leaf(b + ("attn", "norm"), (d,), (p + "input_layernorm.weight",), "copy"),
-            _Leaf(b + ("attn", "wq"), (d, qd), (p + "self_attn.q_proj.weight",), "t"),
-            _Leaf(b + ("attn", "wk"), (d, kvd), (p + "self_attn.k_proj.weight",), "t"),
-            _Leaf(b + ("attn", "wv"), (d, kvd), (p + "self_attn.v_proj.weight",), "t"),
-            _Leaf(b + ("attn", "wo"), (qd, d), (p + "self_attn.o_proj.weight",), "t")]
-    if cfg.qk_norm:
-      out += [_Leaf(b + ("attn", "q_norm"), (hd,), (p + "self_attn.q_norm.weight",), "copy"),
-              _Leaf(b + ("attn", "k_norm"), (hd,), (p + "self_attn.k_norm.weight",), "copy")]
-    out.append(_Leaf(b + ("ffn", "norm"), (d,), (p + "post_attention_layernorm.weight",),
-                     "copy"))
-    if cfg.is_moe_layer(i):
-      e, f = cfg.num_experts, cfg.moe_d_ff
-      ex = lambda w, p=p: tuple(f"{p}mlp.experts.{j}.{w}.weight" for j in range(e))
-      out += [_Leaf(b + ("ffn", "router"), (d, e), (p + "mlp.gate.weight",), "t"),
-              _Leaf(b + ("ffn", "w_gate"), (e, d, f), ex("gate_proj"), "experts_t"),
-              _Leaf(b + ("ffn", "w_up"), (e, d, f), ex("up_proj"), "experts_t"),
-              _Leaf(b + ("ffn", "w_down"), (e, f, d), ex("down_proj"), "experts_t")]
-    else:
-      out += [_Leaf(b + ("ffn", "w_gate"), (d, cfg.d_ff), (p + "mlp.gate_proj.weight",), "t"),
-              _Leaf(b + ("ffn", "w_up"), (d, cfg.d_ff), (p + "mlp.up_proj.weight",), "t"),
-              _Leaf(b + ("ffn", "w_down"), (cfg.d_ff, d), (p + "mlp.down_proj.weight",), "t")]
-  out.append(_Leaf(("final_norm",), (d,), ("model.norm.weight",), "copy"))
+  d, v = cfg.d_model, cfg.vocab_size
+  out = [_Leaf(("embed",), (v, d), (("model.embed_tokens.weight",),), "copy")]
+  moe = [cfg.is_moe_layer(i) for i in range(cfg.num_layers)]
+  layers = {"attn": range(cfg.num_layers), "mlp": [i for i, m in enumerate(moe) if not m],
+            "moe": [i for i, m in enumerate(moe) if m]}
+  for kind, ids in layers.items():
+    for name, shape, _, _, _ in (block_params(cfg, kind) if ids else ()):
+      suffix, how = _HF_NAMES[kind][name]
+      experts = range(cfg.num_experts) if how == "experts_t" else [None]
+      groups = tuple(tuple(f"model.layers.{i}." + suffix.format(j=j) for j in experts)
+                     for i in ids)
+      out.append(_Leaf(("layers", kind, name), (len(ids),) + shape, groups, how, True))
+  out.append(_Leaf(("final_norm",), (d,), (("model.norm.weight",),), "copy"))
   if not cfg.tie_embeddings:
-    out.append(_Leaf(("lm_head",), (d, v), ("lm_head.weight",), "t"))
+    out.append(_Leaf(("lm_head",), (d, v), (("lm_head.weight",),), "t"))
   return out
 
 
+def _tensor_order(name: str) -> Tuple[int, int]:
+  """Hugging Face's tensor order: embeddings, then layer by layer, then the rest."""
+  if name.startswith("model.layers."):
+    return (1, int(name.split(".")[2]))
+  return (0 if name.startswith("model.embed") else 2, 0)
+
+
 def _hf_shape(leaf: _Leaf) -> Tuple[int, ...]:
-  if leaf.kind == "copy":
-    return leaf.shape
-  return leaf.shape[-1:] + leaf.shape[-2:-1]  # per expert for 'experts_t'
+  shape = leaf.piece_shape
+  return shape if leaf.kind == "copy" else shape[-1:] + shape[-2:-1]  # per expert
 
 
-def _fused(reader: SafetensorsReader, leaf: _Leaf) -> Tuple[np.ndarray, List[str]]:
+def _fused(reader: SafetensorsReader, leaf: _Leaf, names: Tuple[str, ...]
+           ) -> Tuple[np.ndarray, List[str]]:
   """An expert stack from the fused layout (`mlp.experts.gate_up_proj` / `down_proj`)."""
-  prefix = leaf.hf_names[0].split("experts.")[0] + "experts."
-  e, a, b = leaf.shape
+  prefix = names[0].split("experts.")[0] + "experts."
+  e, a, b = leaf.piece_shape
   if leaf.path[-1] == "w_down":  # [E, D, f] -> [E, f, D]
     name = prefix + "down_proj"
     return reader.get(name, (e, b, a)).transpose(0, 2, 1), [name]
@@ -127,12 +159,13 @@ def _fused(reader: SafetensorsReader, leaf: _Leaf) -> Tuple[np.ndarray, List[str
 
 
 def iter_params(reader: SafetensorsReader, cfg: ModelConfig
-                ) -> Iterator[Tuple[Tuple[Any, ...], np.ndarray]]:
-  """(composer path, array in cfg.param_dtype) for every leaf, reading tensors lazily.
+                ) -> Iterator[Tuple[_Leaf, Optional[int], np.ndarray]]:
+  """(leaf, index in its layer stack or None, array in cfg.param_dtype) for every piece of
+  every leaf (one layer of a stacked leaf at a time), reading tensors lazily.
   Raises ConversionError naming missing, unexpected or misshapen tensors."""
   dt = np.dtype(cfg.param_jnp_dtype)
   leaves = _leaves(cfg)
-  expected = {n for leaf in leaves for n in leaf.hf_names}
+  expected = {n for leaf in leaves for group in leaf.hf_names for n in group}
   have = set(reader.names())
   fused_ok = {n for n in have if n.endswith(("mlp.experts.gate_up_proj",
                                              "mlp.experts.down_proj"))}
@@ -149,19 +182,20 @@ def iter_params(reader: SafetensorsReader, cfg: ModelConfig
     raise ConversionError(f"checkpoint has {len(extra)} tensor(s) the config does not explain "
                           f"(wrong config.json or unsupported variant), e.g. {extra[:5]}")
   for leaf in leaves:
-    if leaf.kind == "experts_t" and leaf.hf_names[0] not in have:
-      value, _ = _fused(reader, leaf)
-    elif leaf.kind == "experts_t":
-      value = np.stack([reader.get(n, _hf_shape(leaf)).T for n in leaf.hf_names])
-    else:
-      value = reader.get(leaf.hf_names[0], _hf_shape(leaf))
-      value = value.T if leaf.kind == "t" else value
-    if leaf.path == ("embed",) and cfg.tie_embeddings and "lm_head.weight" in have:
-      head = reader.get("lm_head.weight", leaf.shape)
-      if head.tobytes() != value.tobytes():
-        raise ConversionError("tie_word_embeddings=true but lm_head.weight differs from "
-                              "model.embed_tokens.weight")
-    yield leaf.path, np.ascontiguousarray(value.astype(dt))
+    for j, names in leaf.pieces():
+      if leaf.kind == "experts_t" and names[0] not in have:
+        value, _ = _fused(reader, leaf, names)
+      elif leaf.kind == "experts_t":
+        value = np.stack([reader.get(n, _hf_shape(leaf)).T for n in names])
+      else:
+        value = reader.get(names[0], _hf_shape(leaf))
+        value = value.T if leaf.kind == "t" else value
+      if leaf.path == ("embed",) and cfg.tie_embeddings and "lm_head.weight" in have:
+        head = reader.get("lm_head.weight", leaf.shape)
+        if head.tobytes() != value.tobytes():
+          raise ConversionError("tie_word_embeddings=true but lm_head.weight differs from "
+                                "model.embed_tokens.weight")
+      yield leaf, j, np.ascontiguousarray(value.astype(dt))
 
 
 def _set(tree: Dict, path: Tuple[Any, ...], value) -> None:
@@ -189,8 +223,13 @@ def import_hf(hf_dir: str, **overrides) -> Tuple[ModelConfig, Dict]:
   (tests, small models); `convert` streams into an Orbax checkpoint instead."""
   cfg = config_from_hf(read_hf_config(hf_dir), **overrides)
   params: Dict = {}
-  for path, value in iter_params(SafetensorsReader(hf_dir), cfg):
-    _set(params, path, value)
+  for leaf, j, value in iter_params(SafetensorsReader(hf_dir), cfg):
+    if j is None:
+      _set(params, leaf.path, value)
+      continue
+    if j == 0:
+      _set(params, leaf.path, np.empty(leaf.shape, value.dtype))
+    _get(params, leaf.path)[j] = value
   return cfg, params
 
 
@@ -233,13 +272,21 @@ def convert(hf_dir: str, out_dir: str, **overrides) -> ModelConfig:
   os.makedirs(scratch, exist_ok=True)
   tree: Dict = {}
   try:
-    for n, (path, value) in enumerate(iter_params(reader, cfg)):
-      m = np.lib.format.open_memmap(os.path.join(scratch, f"{n}.npy"), mode="w+",
-                                    dtype=value.dtype, shape=value.shape)
-      m[...] = value
-      m.flush()
+    files = {}
+    for leaf, j, value in iter_params(reader, cfg):
+      if leaf.path not in files:  # a stacked leaf is filled one layer at a time
+        files[leaf.path] = os.path.join(scratch, f"{len(files)}.npy")
+        m = np.lib.format.open_memmap(files[leaf.path], mode="w+", dtype=value.dtype,
+                                      shape=leaf.shape)
+      if j is None:
+        m[...] = value
+      else:
+        m[j] = value
       del value
-      _set(tree, path, np.load(os.path.join(scratch, f"{n}.npy"), mmap_mode="r"))
+      if j is None or j == leaf.shape[0] - 1:
+        m.flush()
+        del m
+        _set(tree, leaf.path, np.load(files[leaf.path], mmap_mode="r"))
     ckpt = ocp.StandardCheckpointer()
     ckpt.save(os.path.join(out_dir, PARAMS_DIR), tree, force=True)
     ckpt.wait_until_finished()
@@ -332,12 +379,13 @@ def export_hf(params: Dict, cfg: ModelConfig, out_dir: str,
     if got != leaf.shape:
       raise ConversionError(f"param {'.'.join(map(str, leaf.path))} has shape {list(got)}, "
                             f"expected {list(leaf.shape)} for this ModelConfig")
-  owner = {}  # HF name -> (leaf, expert index or None)
+  owner = {}  # HF name -> (leaf, index in the layer stack or None, expert or None)
   for leaf in leaves:
-    for j, n in enumerate(leaf.hf_names):
-      owner[n] = (leaf, j if leaf.kind == "experts_t" else None)
-  # Leaf order, so an expert stack is fetched once for its E tensors (see `produce`).
-  specs = [(n, _hf_shape(owner[n][0]), np_dt) for n in owner]
+    for j, names in leaf.pieces():
+      for e, n in enumerate(names):
+        owner[n] = (leaf, j, e if leaf.kind == "experts_t" else None)
+  # A layer's expert tensors stay together, so its expert stack is fetched once (`produce`).
+  specs = [(n, _hf_shape(owner[n][0]), np_dt) for n in sorted(owner, key=_tensor_order)]
   shards: List[List] = [[]]
   size = 0
   for s in specs:
@@ -351,11 +399,13 @@ def export_hf(params: Dict, cfg: ModelConfig, out_dir: str,
   cache: Dict[str, Any] = {}
 
   def produce(name: str) -> np.ndarray:
-    leaf, j = owner[name]
-    if cache.get("path") != leaf.path:  # one leaf on the host at a time
-      cache.update(path=leaf.path, value=np.asarray(jax.device_get(_get(params, leaf.path))))
+    leaf, j, e = owner[name]
+    if cache.get("key") != (leaf.path, j):  # one layer of one leaf on the host at a time
+      w = _get(params, leaf.path)
+      cache.update(key=(leaf.path, j), value=np.asarray(jax.device_get(
+          w if j is None else w[j])))
     w = cache["value"]
-    w = w[j].T if j is not None else (w.T if leaf.kind == "t" else w)
+    w = w[e].T if e is not None else (w.T if leaf.kind == "t" else w)
     return w.astype(np_dt)
 
   files = ([SINGLE_FILE] if len(shards) == 1 else

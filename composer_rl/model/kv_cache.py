@@ -1,5 +1,5 @@
 """Fixed-length KV cache shared by prefill, decode and the training forward."""
-from typing import Tuple
+from typing import Optional
 
 import flax.struct
 import jax
@@ -11,27 +11,26 @@ from composer_rl.ops import exact
 
 @flax.struct.dataclass
 class KVCache:
-  """Per-layer keys and values for `max_seq_len` slots.
+  """Every layer's keys and values for `length` slots (the model's layer loop indexes the
+  layer axis; the batch stays the leading axis of every field).
 
   Attributes:
-    k: per layer, [B, kv_heads, max_seq_len, head_dim] in the compute dtype.
-    v: per layer, [B, kv_heads, max_seq_len, head_dim] in the compute dtype.
-    segments: [B, max_seq_len] int32 segment id per slot, 0 for never-written slots.
+    k: [B, num_layers, kv_heads, length, head_dim] in the compute dtype.
+    v: [B, num_layers, kv_heads, length, head_dim] in the compute dtype.
+    segments: [B, length] int32 segment id per slot, 0 for never-written slots.
   """
-  k: Tuple[jax.Array, ...]
-  v: Tuple[jax.Array, ...]
+  k: jax.Array
+  v: jax.Array
   segments: jax.Array
 
   @classmethod
   def init(cls, config: ModelConfig, batch: int, length: int = 0) -> "KVCache":
     """An empty cache of `length` slots (default `max_seq_len`)."""
     length = length or config.max_seq_len
-    shape = (batch, config.num_kv_heads, length, config.head_dim)
+    shape = (batch, config.num_layers, config.num_kv_heads, length, config.head_dim)
     dt = config.compute_jnp_dtype
-    return cls(
-        k=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
-        v=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
-        segments=jnp.zeros((batch, length), jnp.int32))
+    return cls(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+               segments=jnp.zeros((batch, length), jnp.int32))
 
   @classmethod
   def for_tokens(cls, config: ModelConfig, batch: int, tokens: int) -> "KVCache":
@@ -54,11 +53,17 @@ class KVCache:
     return self.segments.shape[1]
 
 
-def write_slots(cache_array: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
-  """cache [B, G, L, D'] <- new [B, S, G, D'] at slots [B, S]; out-of-range slots dropped."""
+def write_slots(cache_array: jax.Array, new: jax.Array, slots: jax.Array,
+                layer: Optional[jax.Array] = None) -> jax.Array:
+  """cache [B, G, L, D'] <- new [B, S, G, D'] at slots [B, S]; out-of-range slots dropped.
+  With `layer`, cache is every layer's [B, num_layers, G, L, D'] and only that layer's
+  slots are written (in place inside the model's layer loop)."""
   b, s = slots.shape
   batch_idx = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
-  return cache_array.at[batch_idx, :, slots].set(new.astype(cache_array.dtype), mode="drop")
+  new = new.astype(cache_array.dtype)
+  if layer is None:
+    return cache_array.at[batch_idx, :, slots].set(new, mode="drop")
+  return cache_array.at[batch_idx, layer, :, slots].set(new, mode="drop")
 
 
 def write_segments(segments: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
@@ -84,5 +89,4 @@ def resize(cache: KVCache, length: int) -> KVCache:
     pad = [(0, 0)] * x.ndim
     pad[axis] = (0, length - have)
     return jnp.pad(x, pad)
-  return KVCache(k=tuple(fit(x, 2) for x in cache.k), v=tuple(fit(x, 2) for x in cache.v),
-                 segments=fit(cache.segments, 1))
+  return KVCache(k=fit(cache.k, 3), v=fit(cache.v, 3), segments=fit(cache.segments, 1))

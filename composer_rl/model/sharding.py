@@ -1,7 +1,7 @@
 """Device meshes, logical-axis sharding rules, and batch-sharded execution.
 
-Parameters carry logical axis names in their `out_sharding` metadata (`vocab`, `embed`, `q_heads`, `kv_heads`, `head_dim`,
-`mlp`, `expert`, `expert_logits`, `moe_mlp`). An experiment maps them to mesh axes with a
+Parameters carry logical axis names in their `out_sharding` metadata (`layers`, `vocab`,
+`embed`, `q_heads`, `kv_heads`, `head_dim`, `mlp`, `expert`, `expert_logits`, `moe_mlp`). An experiment maps them to mesh axes with a
 rules table, e.g. `(("embed", "fsdp"), ("mlp", "tensor"), ("expert", "expert"))`; names
 without a rule are replicated.
 
@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 DEFAULT_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
-    ("vocab", None), ("embed", "fsdp"), ("q_heads", "tensor"), ("kv_heads", "tensor"),
+    ("layers", None), ("vocab", None), ("embed", "fsdp"), ("q_heads", "tensor"), ("kv_heads", "tensor"),
     ("head_dim", None), ("mlp", "tensor"), ("expert", "expert"), ("expert_logits", None),
     ("moe_mlp", "tensor"),
 )

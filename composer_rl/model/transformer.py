@@ -11,7 +11,7 @@ Parameters carry logical axis names (`out_sharding` metadata) that
 `composer_rl.model.sharding` maps onto a device mesh.
 """
 import functools
-from typing import NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -27,60 +27,89 @@ _REMAT = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
           "full": jax.checkpoint_policies.nothing_saveable}
 
 
-def _param(rngs: nnx.Rngs, shape, axes, scale: Optional[float] = None, ones=False,
-           dtype=F32) -> nnx.Param:
+def _init(rngs: nnx.Rngs, shape, scale: Optional[float], ones: bool, dtype) -> jax.Array:
   if ones:
-    value = jnp.ones(shape, dtype)
-  else:
-    std = scale if scale is not None else shape[-2] ** -0.5
-    value = (jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, F32) * std
-             ).astype(dtype)
+    return jnp.ones(shape, dtype)
+  std = scale if scale is not None else shape[-2] ** -0.5
+  return (jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, F32) * std).astype(dtype)
+
+
+def _param(value: jax.Array, axes) -> nnx.Param:
   return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
-class Attention(nnx.Module):
+def block_params(c: ModelConfig, kind: str):
+  """(name, shape, logical axes, init scale, ones) of one layer's attention ('attn'),
+  dense feed-forward ('mlp') or mixture of experts ('moe'), in initialization order."""
+  d, hd = c.d_model, c.head_dim
+  qd, kvd, e, f = c.num_heads * hd, c.num_kv_heads * hd, c.num_experts, c.moe_d_ff
+  norm = ("norm", (d,), ("embed",), None, True)
+  if kind == "attn":
+    return [norm, ("wq", (d, qd), ("embed", "q_heads"), None, False),
+            ("wk", (d, kvd), ("embed", "kv_heads"), None, False),
+            ("wv", (d, kvd), ("embed", "kv_heads"), None, False),
+            ("wo", (qd, d), ("q_heads", "embed"), None, False)] + (
+                [("q_norm", (hd,), ("head_dim",), None, True),
+                 ("k_norm", (hd,), ("head_dim",), None, True)] if c.qk_norm else [])
+  if kind == "mlp":
+    return [norm, ("w_gate", (d, c.d_ff), ("embed", "mlp"), None, False),
+            ("w_up", (d, c.d_ff), ("embed", "mlp"), None, False),
+            ("w_down", (c.d_ff, d), ("mlp", "embed"), None, False)]
+  return [norm, ("router", (d, e), ("embed", "expert_logits"), None, False),
+          ("w_gate", (e, d, f), ("expert", "embed", "moe_mlp"), d ** -0.5, False),
+          ("w_up", (e, d, f), ("expert", "embed", "moe_mlp"), d ** -0.5, False),
+          ("w_down", (e, f, d), ("expert", "moe_mlp", "embed"), f ** -0.5, False)]
+
+
+def layer_runs(c: ModelConfig) -> Tuple[Tuple[str, int, int, int], ...]:
+  """Maximal runs of consecutive layers of one feed-forward kind: (kind, first layer, end
+  layer, first index in that kind's stack). One run (one scan) for a uniform model."""
+  runs = []
+  count = {"mlp": 0, "moe": 0}
+  for i in range(c.num_layers):
+    kind = "moe" if c.is_moe_layer(i) else "mlp"
+    if runs and runs[-1][0] == kind:
+      runs[-1][2] = i + 1
+    else:
+      runs.append([kind, i, i + 1, count[kind]])
+    count[kind] += 1
+  return tuple(tuple(r) for r in runs)
+
+
+class Stacked(nnx.Module):
+  """Parameters of several layers, each with a leading layer axis (logical name `layers`)."""
+
+  def __init__(self, values: Dict[str, jax.Array], axes: Dict[str, Tuple[str, ...]]):
+    for name, value in values.items():
+      setattr(self, name, _param(value, ("layers",) + axes[name]))
+
+  def arrays(self, lo: int, hi: int) -> Dict[str, jax.Array]:
+    """Layers [lo, hi) of every parameter (no copy when that is the whole stack)."""
+    out = {}
+    for name, var in vars(self).items():
+      if isinstance(var, nnx.Param):
+        a = var[...]
+        out[name] = a if (lo, hi) == (0, a.shape[0]) else jax.lax.slice_in_dim(a, lo, hi)
+    return out
+
+
+class Layers(nnx.Module):
+  """Every block's parameters stacked over layers: `attn` for all layers, `mlp` for the
+  dense layers and `moe` for the MoE layers (each in layer order, present when used). The
+  forward runs one compiled block body per run of layers (`layer_runs`) in a `lax.scan`."""
 
   def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
     dt = c.param_jnp_dtype
-    self.norm = _param(rngs, (c.d_model,), ("embed",), ones=True, dtype=dt)
-    self.wq = _param(rngs, (c.d_model, c.num_heads * c.head_dim), ("embed", "q_heads"), dtype=dt)
-    self.wk = _param(rngs, (c.d_model, c.num_kv_heads * c.head_dim), ("embed", "kv_heads"),
-                     dtype=dt)
-    self.wv = _param(rngs, (c.d_model, c.num_kv_heads * c.head_dim), ("embed", "kv_heads"),
-                     dtype=dt)
-    self.wo = _param(rngs, (c.num_heads * c.head_dim, c.d_model), ("q_heads", "embed"), dtype=dt)
-    if c.qk_norm:
-      self.q_norm = _param(rngs, (c.head_dim,), ("head_dim",), ones=True, dtype=dt)
-      self.k_norm = _param(rngs, (c.head_dim,), ("head_dim",), ones=True, dtype=dt)
-
-
-class MLP(nnx.Module):
-
-  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
-    dt = c.param_jnp_dtype
-    self.norm = _param(rngs, (c.d_model,), ("embed",), ones=True, dtype=dt)
-    self.w_gate = _param(rngs, (c.d_model, c.d_ff), ("embed", "mlp"), dtype=dt)
-    self.w_up = _param(rngs, (c.d_model, c.d_ff), ("embed", "mlp"), dtype=dt)
-    self.w_down = _param(rngs, (c.d_ff, c.d_model), ("mlp", "embed"), dtype=dt)
-
-
-class MoE(nnx.Module):
-
-  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
-    dt = c.param_jnp_dtype
-    e, d, f = c.num_experts, c.d_model, c.moe_d_ff
-    self.norm = _param(rngs, (d,), ("embed",), ones=True, dtype=dt)
-    self.router = _param(rngs, (d, e), ("embed", "expert_logits"), dtype=dt)
-    self.w_gate = _param(rngs, (e, d, f), ("expert", "embed", "moe_mlp"), d ** -0.5, dtype=dt)
-    self.w_up = _param(rngs, (e, d, f), ("expert", "embed", "moe_mlp"), d ** -0.5, dtype=dt)
-    self.w_down = _param(rngs, (e, f, d), ("expert", "moe_mlp", "embed"), f ** -0.5, dtype=dt)
-
-
-class Block(nnx.Module):
-
-  def __init__(self, c: ModelConfig, layer: int, rngs: nnx.Rngs):
-    self.attn = Attention(c, rngs)
-    self.ffn = MoE(c, rngs) if c.is_moe_layer(layer) else MLP(c, rngs)
+    kinds = {k: block_params(c, k) for k in ("attn", "mlp", "moe")}
+    values: Dict[str, Dict[str, list]] = {k: {} for k in kinds}
+    for i in range(c.num_layers):  # per layer, in the order the layers' draws were made
+      for kind in ("attn", "moe" if c.is_moe_layer(i) else "mlp"):
+        for name, shape, _, scale, ones in kinds[kind]:
+          values[kind].setdefault(name, []).append(_init(rngs, shape, scale, ones, dt))
+    for kind, spec in kinds.items():
+      if values[kind]:
+        setattr(self, kind, Stacked({n: jnp.stack(v) for n, v in values[kind].items()},
+                                    {s[0]: s[2] for s in spec}))
 
 
 class ForwardOutput(NamedTuple):
@@ -103,13 +132,15 @@ class Transformer(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     c = self.config = config
     dt = c.param_jnp_dtype
-    self.embed = _param(rngs, (c.vocab_size, c.d_model), ("vocab", "embed"), 1.0, dtype=dt)
-    self.blocks = nnx.List([Block(c, i, rngs) for i in range(c.num_layers)])
-    self.final_norm = _param(rngs, (c.d_model,), ("embed",), ones=True, dtype=dt)
+    self.embed = _param(_init(rngs, (c.vocab_size, c.d_model), 1.0, False, dt),
+                        ("vocab", "embed"))
+    self.layers = Layers(c, rngs)
+    self.final_norm = _param(jnp.ones((c.d_model,), dt), ("embed",))
     if not c.tie_embeddings:
-      self.lm_head = _param(rngs, (c.d_model, c.vocab_size), ("embed", "vocab"), dtype=dt)
+      self.lm_head = _param(_init(rngs, (c.d_model, c.vocab_size), None, False, dt),
+                            ("embed", "vocab"))
 
-  def _w(self, param: nnx.Param) -> jax.Array:
+  def _w(self, w: jax.Array) -> jax.Array:
     """A parameter as the forward consumes it: rounded to the compute dtype.
 
     Every parameter but the router passes through here or through `exact.dense` (which
@@ -117,7 +148,7 @@ class Transformer(nnx.Module):
     forward on the fp32 master weights, bit for bit, and the inference copy that weight
     sync ships is all compute-dtype except the (small) fp32 router.
     """
-    return param[...].astype(self.config.compute_jnp_dtype)
+    return w[...].astype(self.config.compute_jnp_dtype)
 
   # ---- row-local pieces ----------------------------------------------------------------
   def _dense(self, x, w, dtype=None):
@@ -134,73 +165,74 @@ class Transformer(nnx.Module):
       out = jnp.where(jnp.arange(c.vocab_size) < c.token_count, out, -jnp.inf)
     return out
 
-  def _qkv(self, attn: Attention, x, positions):
+  def _qkv(self, attn: Dict[str, jax.Array], x, positions):
     c, dt = self.config, self.config.compute_jnp_dtype
-    h = exact.rms_norm(x, self._w(attn.norm), c.norm_eps)
+    h = exact.rms_norm(x, self._w(attn["norm"]), c.norm_eps)
     t = x.shape[0]
     # One dot for q, k and v (a column's bits do not depend on the others: ops.exact).
-    qkv = self._dense(h, jnp.concatenate([attn.wq[...], attn.wk[...], attn.wv[...]], 1))
+    qkv = self._dense(h, jnp.concatenate([attn["wq"], attn["wk"], attn["wv"]], 1))
     nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     q = qkv[:, :nq].reshape(t, c.num_heads, c.head_dim)
     k = qkv[:, nq:nq + nkv].reshape(t, c.num_kv_heads, c.head_dim)
     v = qkv[:, nq + nkv:].reshape(t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
-      q = exact.rms_norm(q, self._w(attn.q_norm), c.norm_eps)
-      k = exact.rms_norm(k, self._w(attn.k_norm), c.norm_eps)
+      q = exact.rms_norm(q, self._w(attn["q_norm"]), c.norm_eps)
+      k = exact.rms_norm(k, self._w(attn["k_norm"]), c.norm_eps)
     q = exact.rope(q, positions, c.rope_theta) * (c.head_dim ** -0.5)
     k = exact.rope(k, positions, c.rope_theta)
     return q.astype(dt), k.astype(dt), v.astype(dt)
 
-  def _post_attention(self, block: Block, x, attn_out):
-    """Output projection + residual, then the dense MLP or the MoE router (row-local)."""
+  def _ffn(self, kind: str, ffn: Dict[str, jax.Array], x):
+    """The dense MLP or the MoE, with its residual; for MoE also (experts, router probs)."""
     c = self.config
-    x = x + self._dense(attn_out, block.attn.wo[...])
-    ffn = block.ffn
-    h = exact.rms_norm(x, self._w(ffn.norm), c.norm_eps)
-    if isinstance(ffn, MLP):
-      gate_up = self._dense(h, jnp.concatenate([ffn.w_gate[...], ffn.w_up[...]], 1))
+    h = exact.rms_norm(x, self._w(ffn["norm"]), c.norm_eps)
+    if kind == "mlp":
+      gate_up = self._dense(h, jnp.concatenate([ffn["w_gate"], ffn["w_up"]], 1))
       act = jax.nn.silu(gate_up[:, :c.d_ff]) * gate_up[:, c.d_ff:]
-      return x + self._dense(act, ffn.w_down[...]), None, None, None
+      return x + self._dense(act, ffn["w_down"]), None
     # Router in fp32: a flipped expert choice is the costliest mismatch there is.
-    probs = exact.softmax(self._dense(h, ffn.router[...], F32))
+    probs = exact.softmax(self._dense(h, ffn["router"], F32))
     top_p, top_i = jax.lax.top_k(probs, c.experts_per_token)
     if c.norm_topk_prob:
       top_p = top_p / exact.row_sum(top_p)[:, None]
-    return x, h, top_i.astype(jnp.int32), (top_p, probs)
+    ids = top_i.astype(jnp.int32)
+    x = x + grouped.grouped_swiglu(h, ids, top_p, ffn["w_gate"], ffn["w_up"], ffn["w_down"],
+                                   c.row_tile, c.compute_jnp_dtype,
+                                   exact_numerics=c.exact_numerics)
+    return x, (ids, probs)
 
-  def _layer(self, block: Block, x, k_cache, v_cache, *, pos_rows, slots, segments,
+  def _block(self, kind, x, attn, ffn, layer, k, v, *, in_place, pos_rows, slots, segments,
              segment_ids, key_len):
-    """One block on the padded rows x: (x, its k and v caches with this call's tokens
-    written, and for an MoE block the experts chosen and the router distribution)."""
+    """Layer `layer` on the padded rows x. In place: k, v are the whole [B, L, ...] cache
+    and come back with this call's keys written; otherwise they are read-only and the
+    layer's written [B, G, S, D] caches come back. Returns (x, k, v, MoE routing or None)."""
     c = self.config
     b, s = slots.shape
     n = b * s
-    q, k, v = (a[:n] for a in self._qkv(block.attn, x, pos_rows))
-    k_cache = kvc.write_slots(k_cache, k.reshape(b, s, *k.shape[1:]), slots)
-    v_cache = kvc.write_slots(v_cache, v.reshape(b, s, *v.shape[1:]), slots)
-    attn = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k_cache, v_cache,
-                           segments, slots, segment_ids, c.exact_numerics, c.key_block, key_len)
-    attn_rows = exact.pad_rows(attn.reshape(n, c.num_heads * c.head_dim))
-    x, h, ids, extra = self._post_attention(block, x, attn_rows)
-    if ids is None:
-      return x, k_cache, v_cache, None, None
-    gates, probs = extra
-    ffn = block.ffn
-    x = x + grouped.grouped_swiglu(h, ids, gates, ffn.w_gate[...], ffn.w_up[...],
-                                   ffn.w_down[...], c.row_tile, c.compute_jnp_dtype,
-                                   exact_numerics=c.exact_numerics)
-    return x, k_cache, v_cache, ids, probs
+    q, k_new, v_new = (a[:n] for a in self._qkv(attn, x, pos_rows))
+    k_new, v_new = (a.reshape(b, s, *a.shape[1:]) for a in (k_new, v_new))
+    if in_place:
+      k, v, at = (kvc.write_slots(k, k_new, slots, layer), kvc.write_slots(v, v_new, slots, layer),
+                  layer)
+    else:
+      read = lambda a: jax.lax.dynamic_index_in_dim(a, layer, 1, keepdims=False)
+      k, v, at = kvc.write_slots(read(k), k_new, slots), kvc.write_slots(read(v), v_new, slots), None
+    out = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k, v, segments, slots,
+                          segment_ids, c.exact_numerics, c.key_block, key_len, layer=at)
+    x = x + self._dense(exact.pad_rows(out.reshape(n, c.num_heads * c.head_dim)), attn["wo"])
+    x, routing = self._ffn(kind, ffn, x)
+    return x, k, v, routing
 
   # ---- the one forward ----------------------------------------------------------------
   def forward(self, tokens: jax.Array, positions: jax.Array, cache: kvc.KVCache,
               cache_index: jax.Array, segment_ids: Optional[jax.Array] = None,
-              key_len: Optional[int] = None) -> ForwardOutput:
+              key_len: Optional[int] = None, for_grad: bool = False) -> ForwardOutput:
     """Runs `tokens` through the model, writing their keys/values into `cache`.
 
     Args:
       tokens: [B, S] int32 token ids.
       positions: [B, S] int32 RoPE positions.
-      cache: KV cache with B sequences and `max_seq_len` slots.
+      cache: KV cache with B sequences.
       cache_index: [B] int32 slot of each sequence's first token in this call; token s goes
         to slot cache_index + s and attends to slots <= its own in the same segment.
       segment_ids: [B, S] int32, >0 for real tokens (packed documents get distinct ids),
@@ -208,6 +240,11 @@ class Transformer(nnx.Module):
       key_len: static count of leading cache slots that covers every key this call can see
         (see `composer_rl.ops.exact.attention`); None picks it on device. Any valid value
         gives the same bits.
+      for_grad: how the cache travels through the layer loop, not what is computed (the
+        bits are the same): False (sampling) carries the whole cache and writes each
+        layer's keys in place; True (a differentiated call: the training forward) reads it
+        as a constant and returns each layer's cache as a loop output, so the backward
+        does not keep a copy of the whole cache per layer.
     """
     c = self.config
     b, s = tokens.shape
@@ -220,28 +257,46 @@ class Transformer(nnx.Module):
     x = self._w(self.embed)[tokens].astype(F32).reshape(n, c.d_model)
     pos_rows = positions.reshape(n).astype(jnp.int32)
     x, pos_rows = exact.pad_rows((x, pos_rows))
-    new_k, new_v, all_ids, all_probs = [], [], [], []
-    for i, block in enumerate(self.blocks):
-      layer = functools.partial(self._layer, block, pos_rows=pos_rows, slots=slots,
-                                segments=segments, segment_ids=segment_ids, key_len=key_len)
+    k, v = cache.k, cache.v
+    layer_kv, routing = [], []
+    for kind, lo, hi, first in layer_runs(c):
+      block = functools.partial(self._block, kind, in_place=not for_grad, pos_rows=pos_rows,
+                                slots=slots, segments=segments, segment_ids=segment_ids,
+                                key_len=key_len)
+
+      def body(carry, xs, block=block):
+        attn, ffn, layer = xs
+        if for_grad:
+          x, k_l, v_l, r = block(carry, attn, ffn, layer, k, v)
+          return x, (k_l, v_l, r)
+        x, k_all, v_all, r = block(*carry[:1], attn, ffn, layer, *carry[1:])
+        return (x, k_all, v_all), r
+
       if c.remat != "none":
-        layer = jax.checkpoint(layer, policy=_REMAT[c.remat])
-      x, k_cache, v_cache, ids, probs = layer(x, cache.k[i], cache.v[i])
-      new_k.append(k_cache)
-      new_v.append(v_cache)
-      if ids is not None:
-        all_ids.append(ids[:n])
-        all_probs.append(probs[:n])
-    if all_ids:
-      expert_ids = jnp.stack(all_ids, 1).reshape(b, s, len(all_ids), c.experts_per_token)
-      router_probs = jnp.stack(all_probs, 1).reshape(b, s, len(all_ids), c.num_experts)
+        body = jax.checkpoint(body, policy=_REMAT[c.remat])
+      xs = (self.layers.attn.arrays(lo, hi), getattr(self.layers, kind).arrays(
+          first, first + hi - lo), jnp.arange(lo, hi, dtype=jnp.int32))
+      if for_grad:
+        x, (k_l, v_l, r) = jax.lax.scan(body, x, xs)
+        layer_kv.append((k_l, v_l))
+      else:
+        (x, k, v), r = jax.lax.scan(body, (x, k, v), xs)
+      if r is not None:
+        routing.append((r[0][:, :n], r[1][:, :n]))  # [layers, n, ...]
+    if for_grad:  # [L, B, ...] loop outputs -> [B, L, ...]
+      k, v = (jnp.moveaxis(jnp.concatenate([kv[i] for kv in layer_kv]), 0, 1) for i in (0, 1))
+    m = c.num_moe_layers
+    if routing:
+      expert_ids = jnp.moveaxis(jnp.concatenate([r[0] for r in routing]), 0, 1)
+      router_probs = jnp.moveaxis(jnp.concatenate([r[1] for r in routing]), 0, 1)
+      expert_ids = expert_ids.reshape(b, s, m, c.experts_per_token)
+      router_probs = router_probs.reshape(b, s, m, c.num_experts)
     else:
       expert_ids = jnp.zeros((b, s, 0, 0), jnp.int32)
       router_probs = jnp.zeros((b, s, 0, 0), F32)
-    return ForwardOutput(
-        hidden=x[:n].reshape(b, s, c.d_model),
-        cache=kvc.KVCache(k=tuple(new_k), v=tuple(new_v), segments=segments),
-        expert_ids=expert_ids, router_probs=router_probs)
+    return ForwardOutput(hidden=x[:n].reshape(b, s, c.d_model),
+                         cache=kvc.KVCache(k=k, v=v, segments=segments),
+                         expert_ids=expert_ids, router_probs=router_probs)
 
 
 def inference_copy(state: nnx.State, config: ModelConfig) -> nnx.State:

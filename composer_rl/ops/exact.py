@@ -271,7 +271,8 @@ def _attend(q, k, v, key_segments, query_slots, query_segments, key_block: int):
 
 def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments: jax.Array,
               query_slots: jax.Array, query_segments: jax.Array, exact: bool = True,
-              key_block: int = 128, key_len: Optional[int] = None) -> jax.Array:
+              key_block: int = 128, key_len: Optional[int] = None,
+              layer: Optional[jax.Array] = None) -> jax.Array:
   """Causal grouped-query attention over a KV cache.
 
   Args:
@@ -287,12 +288,14 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments
     key_len: a static number of leading slots that covers every key the call can see
       (a multiple of key_block, or L); None picks the smallest `key_buckets` length on
       device.
+    layer: with it, k_cache and v_cache hold every layer ([B, num_layers, G, L, D]) and
+      this layer's keys are read (only the slots the call reads are sliced out).
 
   Returns:
     [B, S, H, D] attention outputs in fp32 (zeros for queries that see no key).
   """
   b, s, h, d = q.shape
-  g, length = k_cache.shape[1], k_cache.shape[2]
+  g, length = k_cache.shape[-3], k_cache.shape[-2]
   rep = h // g
   if not exact:
     key_block, key_len = 0, length
@@ -308,8 +311,13 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments
   rows = q.reshape(b, s_pad, g, rep, d).transpose(0, 2, 1, 3, 4).reshape(b, g, s_pad * rep, d)
   row_slots, row_segs = jnp.repeat(slots, rep, axis=1), jnp.repeat(segs, rep, axis=1)
 
+  def keys(cache, n):
+    if layer is None:
+      return cache[:, :, :n]
+    return lax.dynamic_index_in_dim(cache[..., :n, :], layer, 1, keepdims=False)
+
   def run(n):
-    return lambda: _attend(rows, k_cache[:, :, :n], v_cache[:, :, :n], key_segments[:, :n],
+    return lambda: _attend(rows, keys(k_cache, n), keys(v_cache, n), key_segments[:, :n],
                            row_slots, row_segs, key_block)
 
   if key_len is not None:

@@ -22,8 +22,8 @@ class OptimizerConfig:
   total_steps: horizon of the cosine decay (warmup included); after it the rate stays at
     the end value.
   end_lr_ratio: final learning rate as a fraction of the peak.
-  weight_decay: decoupled weight decay; applied to matrices only (ndim >= 2), not to norm
-    scales.
+  weight_decay: decoupled weight decay; applied to weight matrices, not to norm scales
+    (leaves named `*norm`, which are stacked over layers like the matrices).
   b1, b2, eps: Adam moment decay rates and denominator epsilon.
   max_grad_norm: clip gradients to this global L2 norm (0 = no clipping).
   """
@@ -60,7 +60,11 @@ def schedule(cfg: OptimizerConfig) -> optax.Schedule:
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  def decay_mask(params):
+    def decays(path, p):
+      name = getattr(path[-1], "key", getattr(path[-1], "name", ""))
+      return p.ndim >= 2 and not str(name).endswith("norm")
+    return jax.tree_util.tree_map_with_path(decays, params)
   return optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                      weight_decay=cfg.weight_decay, mask=decay_mask)
 

@@ -46,7 +46,7 @@ def score_tokens(model: Transformer, tokens: jax.Array, sampling: head_lib.RowSa
   # all keep). Attention's bits do not depend on either (`composer_rl.ops.exact`).
   cache = KVCache.for_tokens(model.config, b, s)
   out = model.forward(tokens, positions, cache, jnp.zeros((b,), jnp.int32), segment_ids,
-                      key_len=cache.length)
+                      key_len=cache.length, for_grad=True)
   rows = b * (s - 1)
   per_row = jax.tree.map(lambda x: jnp.repeat(x, s - 1), sampling)
   head = head_lib.token_head(

@@ -146,7 +146,7 @@ def _export_is_the_trained_policy_and_generates(wd, out, hf_dir):
   tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
   trained = hf_qwen3.load_params(str(wd / "final_params"))
   got = model.model.layers[0].mlp.down_proj.weight.detach().numpy()
-  want = np.asarray(trained["blocks"][0]["ffn"]["w_down"]).T
+  want = np.asarray(trained["layers"]["mlp"]["w_down"][0]).T
   assert np.array_equal(got, want.astype(got.dtype))
   assert not np.array_equal(got, start.model.layers[0].mlp.down_proj.weight.detach().numpy())
   ids = torch.tensor([tok.encode("def add(a, b):")])

@@ -17,15 +17,17 @@ def test_bucket_length_is_the_next_power_of_two_within_the_window():
 def test_resize_cuts_and_pads_with_empty_slots():
   cfg = get_preset("tiny", max_seq_len=64)
   cache = KVCache.init(cfg, 2)
-  written = jnp.arange(np.prod(cache.k[0].shape), dtype=jnp.float32).reshape(cache.k[0].shape)
-  cache = cache.replace(k=(written,) + cache.k[1:],
-                        segments=cache.segments.at[:, :20].set(1))
+  assert cache.k.shape == (2, cfg.num_layers, cfg.num_kv_heads, 64, cfg.head_dim)
+  written = jnp.arange(np.prod(cache.k.shape), dtype=jnp.float32).reshape(cache.k.shape)
+  cache = cache.replace(k=written, segments=cache.segments.at[:, :20].set(1))
   short = resize(cache, 32)
-  assert short.length == 32 and short.k[0].shape == (2, cfg.num_kv_heads, 32, cfg.head_dim)
-  np.testing.assert_array_equal(np.asarray(short.k[0]), np.asarray(written[:, :, :32]))
+  assert short.length == 32
+  assert short.k.shape == (2, cfg.num_layers, cfg.num_kv_heads, 32, cfg.head_dim)
+  np.testing.assert_array_equal(np.asarray(short.k), np.asarray(written[..., :32, :]))
   back = resize(short, 64)
   assert back.length == 64
-  np.testing.assert_array_equal(np.asarray(back.k[0][:, :, :32]), np.asarray(written[:, :, :32]))
-  assert not np.asarray(back.k[0][:, :, 32:]).any()
+  np.testing.assert_array_equal(np.asarray(back.k[..., :32, :]),
+                                np.asarray(written[..., :32, :]))
+  assert not np.asarray(back.k[..., 32:, :]).any()
   np.testing.assert_array_equal(np.asarray(back.segments[:, :20]), 1)
   assert not np.asarray(back.segments[:, 20:]).any()

@@ -25,10 +25,10 @@ def test_param_shardings_follow_logical_names():
   model = Transformer(get_preset("tiny_moe", d_model=64), rngs=nnx.Rngs(0))
   mesh = sharding.make_mesh({"fsdp": 2, "tensor": 2, "expert": 2})
   specs = sharding.param_shardings(nnx.state(model), mesh)
-  block0, block1 = specs["blocks"][0], specs["blocks"][1]
-  assert block0["attn"]["wq"].spec == P("fsdp", "tensor")
-  assert block0["ffn"]["w_down"].spec == P("tensor", "fsdp")
-  assert block1["ffn"]["w_gate"].spec == P("expert", "fsdp", "tensor")  # MoE layer
+  layers = specs["layers"]  # stacked over layers: the layer axis is not sharded
+  assert layers["attn"]["wq"].spec == P(None, "fsdp", "tensor")
+  assert layers["mlp"]["w_down"].spec == P(None, "tensor", "fsdp")
+  assert layers["moe"]["w_gate"].spec == P(None, "expert", "fsdp", "tensor")  # MoE layer
   assert specs["embed"].spec == P(None, "fsdp")
   # Placing the state with these shardings works and keeps the values.
   state = nnx.state(model)

@@ -58,7 +58,7 @@ def test_multi_turn_sessions_interleaved_in_slots_are_exact(model):
     # A parked session keeps only the cache its tokens need (a power-of-two bucket).
     kept = int(saved[sess].length)
     assert saved[sess].cache.length == bucket_length(kept, 96) < 96
-    assert saved[sess].cache.k[0].shape[2] == saved[sess].cache.length
+    assert saved[sess].cache.k.shape[3] == saved[sess].cache.length
     state = eng.free(state, slot)
     # The last sampled token was never fed; the tool result follows it.
     history[sess] += rng.integers(1, 200, 4).tolist()
