@@ -150,7 +150,7 @@ def train_part() -> dict:
       tokens=rng.integers(1, cfg.vocab_size, (rows, length), dtype=np.int32),
       segment_ids=ones.astype(np.int32), positions=np.tile(np.arange(length, dtype=np.int32),
                                                            (rows, 1)),
-      loss_mask=ones[:, 1:], behaviour_logprobs=np.full((rows, length - 1), -2.0, np.float32),
+      loss_mask=ones[:, 1:], behaviour_logprobs=np.zeros((rows, length - 1), np.float32),
       advantages=rng.standard_normal(rows).astype(np.float32),
       rows_valid=np.ones(rows, np.float32), versions=np.zeros((rows, length - 1), np.int32),
       sampling=RowSampling.broadcast(rows))
@@ -174,6 +174,11 @@ def train_part() -> dict:
                       f"{_BUDGET.value}")
   else:
     state = step.init_state(0)
+    # Behaviour log-probs are the model's own (ratios 1, as on-policy RL has them): a fixed
+    # value far from a random model's log-probs clips every ratio and zeroes the gradient.
+    from composer_rl.train.scoring import score_tokens
+    lp = jax.jit(score_tokens)(step.model(state.params), batch.tokens, batch.sampling).logprobs
+    batch = batch.replace(behaviour_logprobs=np.asarray(lp))
     sharded = step.shard_batch(batch)
     t = time.perf_counter()
     state, metrics = compiled(state, sharded)

@@ -15,8 +15,9 @@ class KVCache:
   layer axis; the batch stays the leading axis of every field).
 
   Attributes:
-    k: [B, num_layers, kv_heads, length, head_dim] in the compute dtype.
-    v: [B, num_layers, kv_heads, length, head_dim] in the compute dtype.
+    k: [B, num_layers, kv_heads, length, head_dim] in the compute dtype, stored as its
+      bits (`storage_dtype`: uint16 for bfloat16; `values` reads them back).
+    v: like k.
     segments: [B, length] int32 segment id per slot, 0 for never-written slots.
   """
   k: jax.Array
@@ -28,7 +29,7 @@ class KVCache:
     """An empty cache of `length` slots (default `max_seq_len`)."""
     length = length or config.max_seq_len
     shape = (batch, config.num_layers, config.num_kv_heads, length, config.head_dim)
-    dt = config.compute_jnp_dtype
+    dt = storage_dtype(config.compute_jnp_dtype)
     return cls(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
                segments=jnp.zeros((batch, length), jnp.int32))
 
@@ -53,17 +54,41 @@ class KVCache:
     return self.segments.shape[1]
 
 
+def storage_dtype(dtype) -> jnp.dtype:
+  """How the cache stores keys and values of `dtype`: 16-bit floats as uint16 bits. XLA:CPU
+  scatters a 16-bit float array by converting all of it to f32 and back, which for the
+  layer loop's in-place write is every layer's cache, once per layer; a uint16 scatter
+  writes only the new slots. The bits are the values'; nothing is rounded."""
+  dtype = jnp.dtype(dtype)
+  return jnp.dtype(jnp.uint16) if dtype == jnp.bfloat16 else dtype
+
+
+def values(stored: jax.Array) -> jax.Array:
+  """Cache contents (or a slice of them) as the compute dtype's values."""
+  if stored.dtype == jnp.uint16:
+    return jax.lax.bitcast_convert_type(stored, jnp.bfloat16)
+  return stored
+
+
+def stored(x: jax.Array, like: jax.Array) -> jax.Array:
+  """Values `x` as the cache array `like` stores them."""
+  if like.dtype == jnp.uint16:
+    return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+  return x.astype(like.dtype)
+
+
 def write_slots(cache_array: jax.Array, new: jax.Array, slots: jax.Array,
                 layer: Optional[jax.Array] = None) -> jax.Array:
   """cache [B, G, L, D'] <- new [B, S, G, D'] at slots [B, S]; out-of-range slots dropped.
-  With `layer`, cache is every layer's [B, num_layers, G, L, D'] and only that layer's
-  slots are written (in place inside the model's layer loop)."""
+  With `layer`, cache is every layer's stored [B, num_layers, G, L, D'] and only that
+  layer's slots are written (in place inside the model's layer loop; not differentiable).
+  Without it, a per-layer cache of values (differentiable: the training forward)."""
   b, s = slots.shape
   batch_idx = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
-  new = new.astype(cache_array.dtype)
   if layer is None:
-    return cache_array.at[batch_idx, :, slots].set(new, mode="drop")
-  return cache_array.at[batch_idx, layer, :, slots].set(new, mode="drop")
+    return cache_array.at[batch_idx, :, slots].set(new.astype(cache_array.dtype), mode="drop")
+  return cache_array.at[batch_idx, layer, :, slots].set(stored(new, cache_array),
+                                                        mode="drop")
 
 
 def write_segments(segments: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:

@@ -215,7 +215,7 @@ class Transformer(nnx.Module):
       k, v, at = (kvc.write_slots(k, k_new, slots, layer), kvc.write_slots(v, v_new, slots, layer),
                   layer)
     else:
-      read = lambda a: jax.lax.dynamic_index_in_dim(a, layer, 1, keepdims=False)
+      read = lambda a: kvc.values(jax.lax.dynamic_index_in_dim(a, layer, 1, keepdims=False))
       k, v, at = kvc.write_slots(read(k), k_new, slots), kvc.write_slots(read(v), v_new, slots), None
     out = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k, v, segments, slots,
                           segment_ids, c.exact_numerics, c.key_block, key_len, layer=at)
@@ -283,8 +283,9 @@ class Transformer(nnx.Module):
         (x, k, v), r = jax.lax.scan(body, (x, k, v), xs)
       if r is not None:
         routing.append((r[0][:, :n], r[1][:, :n]))  # [layers, n, ...]
-    if for_grad:  # [L, B, ...] loop outputs -> [B, L, ...]
-      k, v = (jnp.moveaxis(jnp.concatenate([kv[i] for kv in layer_kv]), 0, 1) for i in (0, 1))
+    if for_grad:  # [L, B, ...] loop outputs (values) -> stored [B, L, ...]
+      k, v = (kvc.stored(jnp.moveaxis(jnp.concatenate([kv[i] for kv in layer_kv]), 0, 1),
+                            cache.k) for i in (0, 1))
     m = c.num_moe_layers
     if routing:
       expert_ids = jnp.moveaxis(jnp.concatenate([r[0] for r in routing]), 0, 1)

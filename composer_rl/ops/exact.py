@@ -296,6 +296,9 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments
   """
   b, s, h, d = q.shape
   g, length = k_cache.shape[-3], k_cache.shape[-2]
+  # A stored cache holds bfloat16 keys/values as uint16 bits (`model.kv_cache.storage_dtype`).
+  as_values = lambda x: lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
+  value_dtype = as_values(jnp.zeros((), k_cache.dtype)).dtype
   rep = h // g
   if not exact:
     key_block, key_len = 0, length
@@ -306,15 +309,19 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments
   # queries have segment 0: they see no key and are dropped below.
   s_pad = max(s, -(-ATTENTION_MIN_ROWS // rep)) if exact else s
   pad = [(0, 0), (0, s_pad - s)]
-  q = (_padded(q, 1, s_pad) if s_pad > s else q).astype(k_cache.dtype)
+  q = (_padded(q, 1, s_pad) if s_pad > s else q).astype(value_dtype)
   slots, segs = jnp.pad(query_slots, pad), jnp.pad(query_segments, pad)
   rows = q.reshape(b, s_pad, g, rep, d).transpose(0, 2, 1, 3, 4).reshape(b, g, s_pad * rep, d)
   row_slots, row_segs = jnp.repeat(slots, rep, axis=1), jnp.repeat(segs, rep, axis=1)
 
   def keys(cache, n):
     if layer is None:
-      return cache[:, :, :n]
-    return lax.dynamic_index_in_dim(cache[..., :n, :], layer, 1, keepdims=False)
+      return as_values(cache[:, :, :n])
+    # One slice of this layer's first n slots (slicing all layers first would copy them).
+    zero = jnp.zeros((), jnp.int32)
+    start = (zero, jnp.asarray(layer, jnp.int32), zero, zero, zero)
+    sizes = (cache.shape[0], 1, cache.shape[2], n, cache.shape[4])
+    return as_values(lax.dynamic_slice(cache, start, sizes)[:, 0])
 
   def run(n):
     return lambda: _attend(rows, keys(k_cache, n), keys(v_cache, n), key_segments[:, :n],

@@ -13,7 +13,8 @@ A fixed number of decode *slots* is shared by many concurrent agent sessions:
 `prefill` with `existing_prefix` feeds only the new tokens at the end of the session's saved
 cache: the history is never re-prefilled. A parked `Prefix` (`release`, `park`) holds a
 cache as long as its session (a power-of-two bucket, `kv_cache.bucket_length`), not
-`max_seq_len`: parked sessions cost memory in proportion to their tokens. Every
+`max_seq_len`, and so does a prefill batch: parked and prefilling sessions cost memory in
+proportion to their tokens; only the decode slots are window-long. Every
 computation is the model's one forward and the shared token head, so a token's log-prob is
 identical, bit for bit, to the trainer's recomputation, whatever the slot or the other
 sessions in the batch (the parity design of `composer_rl.ops.exact`).
@@ -190,7 +191,10 @@ class Engine:
       tokens[i, :lens[i]] = np.asarray(t, np.int32)[:lens[i]]
     lens = np.pad(lens, (0, rows - n))
     starts = np.pad(starts, (0, rows - n))
-    cache = self.place(KVCache.init(self.config, rows))
+    # The batch's cache is as long as its longest session needs (a power-of-two bucket),
+    # not the window: the prefixes split from it are that long until `insert` pads them.
+    need = kvc.bucket_length(int((starts + lens).max()), self.config.max_seq_len)
+    cache = self.place(KVCache.for_tokens(self.config, rows, need))
     for i, (_, _, prefix) in enumerate(items):
       if prefix is not None:
         cache = self._put_row_fn(cache, prefix.cache, jnp.int32(i))

@@ -41,12 +41,15 @@ def _trailing_zeros(x: jax.Array) -> jax.Array:
 
 
 def streaming_tree_sum(fn: Callable[[Any], Any], xs: Any, combine: Combine) -> Any:
-  """`tree_sum(lax.map(fn, xs), combine)`, bit for bit, holding O(log n) results of `fn`.
+  """`tree_sum(lax.map(fn, xs), combine)`, bit for bit, holding O(log n) results of `fn`:
+  bit_length(n - 1) open partial sums and the item being computed (n = 8 rows: 3 + 1).
 
   xs: a tree whose leaves share a leading axis of n items; fn maps one item to a tree.
   """
   n = jax.tree.leaves(xs)[0].shape[0]
-  levels = n.bit_length()
+  # Level l holds the sum of 2**l items. Only the last item of a power-of-two n closes
+  # level bit_length(n - 1); the result then goes to slot 0 (dead by then), not a new slot.
+  levels = max(1, (n - 1).bit_length())
   first = jax.tree.map(lambda x: x[0], xs)
   shapes = jax.eval_shape(fn, first)
   open_sums = jax.tree.map(lambda s: jnp.zeros((levels,) + s.shape, s.dtype), shapes)
@@ -58,14 +61,15 @@ def streaming_tree_sum(fn: Callable[[Any], Any], xs: Any, combine: Combine) -> A
     cur = jax.lax.fori_loop(
         0, closes,
         lambda lvl, c: combine(jax.tree.map(lambda s: s[lvl], sums), c), fn(x))
-    sums = jax.tree.map(lambda s, c: s.at[closes].set(c), sums, cur)
+    at = jnp.where(closes < levels, closes, 0)
+    sums = jax.tree.map(lambda s, c: s.at[at].set(c), sums, cur)
     return sums, None
 
   sums, _ = jax.lax.scan(body, open_sums, (jnp.arange(n, dtype=jnp.int32), xs))
   out = None
-  for lvl in range(levels):  # the open levels are the set bits of n, lowest first
+  for lvl in range(levels + 1):  # the open levels are the set bits of n, lowest first
     if n >> lvl & 1:
-      here = jax.tree.map(lambda s, lvl=lvl: s[lvl], sums)
+      here = jax.tree.map(lambda s, lvl=lvl: s[lvl % levels], sums)
       out = here if out is None else combine(here, out)
   return out
 
