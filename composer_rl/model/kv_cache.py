@@ -63,11 +63,7 @@ def storage_dtype(dtype) -> jnp.dtype:
   return jnp.dtype(jnp.uint16) if dtype == jnp.bfloat16 else dtype
 
 
-def values(stored: jax.Array) -> jax.Array:
-  """Cache contents (or a slice of them) as the compute dtype's values."""
-  if stored.dtype == jnp.uint16:
-    return jax.lax.bitcast_convert_type(stored, jnp.bfloat16)
-  return stored
+values = exact.stored_values  # cache contents (or a slice) as the compute dtype's values
 
 
 def stored(x: jax.Array, like: jax.Array) -> jax.Array:

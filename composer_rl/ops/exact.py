@@ -269,6 +269,12 @@ def _attend(q, k, v, key_segments, query_slots, query_segments, key_block: int):
   return jnp.where(norm > 0, acc / jnp.where(norm > 0, norm, 1.0), 0.0)
 
 
+def stored_values(x: jax.Array) -> jax.Array:
+  """KV cache contents as values: the cache stores bfloat16 keys and values as their uint16
+  bits (`composer_rl.model.kv_cache.storage_dtype`); other dtypes as they are."""
+  return lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
+
+
 def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments: jax.Array,
               query_slots: jax.Array, query_segments: jax.Array, exact: bool = True,
               key_block: int = 128, key_len: Optional[int] = None,
@@ -296,9 +302,7 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments
   """
   b, s, h, d = q.shape
   g, length = k_cache.shape[-3], k_cache.shape[-2]
-  # A stored cache holds bfloat16 keys/values as uint16 bits (`model.kv_cache.storage_dtype`).
-  as_values = lambda x: lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
-  value_dtype = as_values(jnp.zeros((), k_cache.dtype)).dtype
+  value_dtype = jnp.bfloat16 if k_cache.dtype == jnp.uint16 else k_cache.dtype
   rep = h // g
   if not exact:
     key_block, key_len = 0, length
@@ -316,12 +320,12 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, key_segments
 
   def keys(cache, n):
     if layer is None:
-      return as_values(cache[:, :, :n])
+      return stored_values(cache[:, :, :n])
     # One slice of this layer's first n slots (slicing all layers first would copy them).
     zero = jnp.zeros((), jnp.int32)
     start = (zero, jnp.asarray(layer, jnp.int32), zero, zero, zero)
     sizes = (cache.shape[0], 1, cache.shape[2], n, cache.shape[4])
-    return as_values(lax.dynamic_slice(cache, start, sizes)[:, 0])
+    return stored_values(lax.dynamic_slice(cache, start, sizes)[:, 0])
 
   def run(n):
     return lambda: _attend(rows, keys(k_cache, n), keys(v_cache, n), key_segments[:, :n],
