@@ -64,18 +64,26 @@ def read_hf_config(hf_dir: str) -> Dict[str, Any]:
     return json.load(f)
 
 
+def _assembled(reader: SafetensorsReader, cfg: ModelConfig, alloc):
+  """(path, array) for every leaf once all its pieces are in (a stacked leaf arrives one
+  layer at a time); `alloc(n, shape, dtype)` gives the n-th leaf's writable array."""
+  n = 0
+  for leaf, j, value in iter_params(reader, cfg):
+    if j is None or j == 0:
+      out, n = alloc(n, leaf.shape, value.dtype), n + 1
+    out[... if j is None else j] = value
+    if j is None or j == leaf.shape[0] - 1:
+      yield leaf.path, out
+
+
 def import_hf(hf_dir: str, **overrides) -> Tuple[ModelConfig, Dict]:
   """(ModelConfig, params pure dict of numpy arrays) of a Hugging Face directory, in memory
   (tests, small models); `convert` streams into an Orbax checkpoint instead."""
   cfg = config_from_hf(read_hf_config(hf_dir), **overrides)
   params: Dict = {}
-  for leaf, j, value in iter_params(SafetensorsReader(hf_dir), cfg):
-    if j is None:
-      _set(params, leaf.path, value)
-      continue
-    if j == 0:
-      _set(params, leaf.path, np.empty(leaf.shape, value.dtype))
-    _get(params, leaf.path)[j] = value
+  for path, value in _assembled(SafetensorsReader(hf_dir), cfg,
+                                lambda n, shape, dt: np.empty(shape, dt)):
+    _set(params, path, value)
   return cfg, params
 
 
@@ -118,21 +126,11 @@ def convert(hf_dir: str, out_dir: str, **overrides) -> ModelConfig:
   os.makedirs(scratch, exist_ok=True)
   tree: Dict = {}
   try:
-    files = {}
-    for leaf, j, value in iter_params(reader, cfg):
-      if leaf.path not in files:  # a stacked leaf is filled one layer at a time
-        files[leaf.path] = os.path.join(scratch, f"{len(files)}.npy")
-        m = np.lib.format.open_memmap(files[leaf.path], mode="w+", dtype=value.dtype,
-                                      shape=leaf.shape)
-      if j is None:
-        m[...] = value
-      else:
-        m[j] = value
-      del value
-      if j is None or j == leaf.shape[0] - 1:
-        m.flush()
-        del m
-        _set(tree, leaf.path, np.load(files[leaf.path], mmap_mode="r"))
+    scratch_file = lambda n, shape, dt: np.lib.format.open_memmap(
+        os.path.join(scratch, f"{n}.npy"), mode="w+", dtype=dt, shape=shape)
+    for path, value in _assembled(reader, cfg, scratch_file):
+      value.flush()
+      _set(tree, path, np.load(value.filename, mmap_mode="r"))
     ckpt = ocp.StandardCheckpointer()
     ckpt.save(os.path.join(out_dir, PARAMS_DIR), tree, force=True)
     ckpt.wait_until_finished()
