@@ -1,11 +1,13 @@
 """The sharded train step: on-policy ratio exactly 1, and 1 device == 8 devices bitwise."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from composer_rl.model import sharding as shd
+from composer_rl.model import Transformer, get_preset, sharding as shd
 from composer_rl.train import losses
-from composer_rl.train.optimizer import OptimizerConfig
+from composer_rl.train.optimizer import OptimizerConfig, make_optimizer
 from composer_rl.train.reduction import tree_sum
 from composer_rl.train.train_step import TrainConfig, make_train_step
 
@@ -101,3 +103,19 @@ def test_kl_to_reference_and_tis_in_the_step():
   assert m[0]["kl_ref"] == 0.0  # the reference is the initial policy
   assert m[1]["kl_ref"] > 0.0
   np.testing.assert_array_equal(s.ref_params["embed"].shape, s.params["embed"].shape)
+
+
+def test_weight_decay_skips_the_stacked_norm_scales():
+  """Stacked over layers, norm scales are 2-D like the weight matrices; AdamW's decay
+  still leaves them alone (zero gradients: only the decay moves a parameter)."""
+  params = nnx.to_pure_dict(nnx.state(Transformer(get_preset("tiny_moe"), rngs=nnx.Rngs(0)),
+                                      nnx.Param))
+  opt = make_optimizer(OptimizerConfig(learning_rate=0.1, warmup_steps=0, weight_decay=0.5))
+  grads = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = opt.update(grads, opt.init(params), params)
+  moved = jax.tree_util.tree_map_with_path(
+      lambda path, u: (str(path[-1].key), bool(jnp.any(u != 0))), updates)
+  flat = jax.tree.leaves(moved, is_leaf=lambda x: isinstance(x, tuple))
+  assert any(name.endswith("norm") for name, _ in flat)
+  for name, changed in flat:
+    assert changed == (not name.endswith("norm")), name
