@@ -9,7 +9,8 @@ import numpy as np
 
 from composer_rl.controller.agent_setup import Setup
 from composer_rl.env.harness import make_env
-from composer_rl.env.tool_call_format import ToolCallError, parse_tool_call
+from composer_rl.env import call_syntax
+from composer_rl.env.tool_call_format import ToolCallError
 from composer_rl.progress import progress
 from composer_rl.rollout import compaction as compaction_lib
 from composer_rl.rollout.session import Trajectory
@@ -27,11 +28,13 @@ def write_rollouts(s: Setup, name: str, trajs: List[Trajectory]) -> None:
   os.replace(path + ".tmp", path)
 
 
-def changed_code(t: Trajectory) -> bool:
-  """Whether the session made a well-formed edit/write call (an attempt to fix)."""
+def changed_code(t: Trajectory, syntax: str) -> bool:
+  """Whether the session made a well-formed edit/write call (an attempt to fix), in the
+  run's call syntax (an `env.call_syntax` name)."""
+  parse = call_syntax.get(syntax).parse
   for text in t.turn_texts:
     try:
-      if parse_tool_call(text).name in ("edit", "write_file"):
+      if parse(text).name in ("edit", "write_file"):
         return True
     except ToolCallError:
       continue
@@ -74,7 +77,7 @@ def evaluate(s: Setup, params, count: int, tag: str, context_mode: str = "",
                        on_result=lambda _: bar.update(1))
   write_rollouts(s, f"eval_{tag}", trajs)
   solved = np.asarray([t.reward >= 1.0 for t in trajs])
-  edited = np.asarray([changed_code(t) for t in trajs])
+  edited = np.asarray([changed_code(t, s.env_config.call_syntax) for t in trajs])
   out = {f"heldout_solve_rate_{tag}": float(solved.mean()),
          f"heldout_reward_{tag}": float(np.mean([t.reward for t in trajs])),
          # where a gain comes from: attempting a fix more often, or fixing more accurately

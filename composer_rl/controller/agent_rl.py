@@ -182,7 +182,7 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
     book["rollouts"] = factory.ledger_json()
     ckpt.save(done, state, ledger=book)
   try:
-    state, _ = loop.run(state, start=start, steps=c.steps, phase="rl", label="RL",
+    state, history = loop.run(state, start=start, steps=c.steps, phase="rl", label="RL",
                         fetch=fetch, update=update, metrics=s.metrics, save=save,
                         checkpoint_every=c.checkpoint_every)
   finally:
@@ -190,7 +190,13 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
   if c.steps > start:
     factory.close()
   total = max(sum(timing.values()), 1e-9)
-  return state, dict(trainer_idle_fraction=timing["idle"] / total,
+  # The sampled training reward (temperature rl.temperature, not the greedy evaluation)
+  # over the first and the last fifth of this run's RL steps.
+  rewards = [m["reward_mean"] for m in history if "reward_mean" in m]
+  fifth = max(1, len(rewards) // 5)
+  curve = dict(rl_reward_mean_first=float(np.mean(rewards[:fifth])),
+               rl_reward_mean_last=float(np.mean(rewards[-fifth:]))) if rewards else {}
+  return state, dict(**curve,trainer_idle_fraction=timing["idle"] / total,
                      rl_steps_per_hour=(c.steps - start) / max(total, 1e-9) * 3600
                      if start < c.steps else 0.0,
                      train_seconds_per_token=timing["busy"] / max(trained[0], 1.0),

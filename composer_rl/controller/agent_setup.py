@@ -2,8 +2,7 @@
 chat layout, the train mesh and the inference meshes (`controller.placement`), the engines,
 the environment settings, task lookup, rollout runners and the metrics writer."""
 import dataclasses
-import os
-from typing import Dict
+from typing import Dict, List
 
 import jax
 from flax import nnx
@@ -11,6 +10,7 @@ from flax import nnx
 from composer_rl.controller import config as config_lib
 from composer_rl.controller import placement
 from composer_rl.env.harness import EnvConfig, make_env
+from composer_rl.env.policies import make_policy
 from composer_rl.env.tasks import get_task
 from composer_rl.model import Transformer, hf_qwen3, inference_copy, sharding
 from composer_rl.rollout import compaction as compaction_lib, formats
@@ -28,10 +28,12 @@ class Setup:
     config_lib.validate(config, "agent_rl")  # defaults filled in: fields are read directly
     self.config, self.workdir = config, workdir
     c, ckpt = config.chat, config.init_checkpoint
-    self.chat = formats.from_config(c, ckpt, config.env.tools)
+    # A tokenizer trained at run time lives where remote rollout workers find it too.
+    home = config.rl.shared_dir if config.rl.rollouts == "remote" else workdir
+    self.chat = formats.from_config(c, ckpt, config.env.tools, home,
+                                    corpus=self.session_texts)
     if not worker:  # what the viewer needs to read the run's tokens and calls
-      formats.write_run_chat(workdir, self.chat, c.tokenizer or (
-          os.path.join(ckpt, hf_qwen3.HF_FILES_DIR) if ckpt else ""))
+      formats.write_run_chat(workdir, self.chat)
     self.tok = self.chat.tok
     self.model_config = hf_qwen3.run_model_config(config.model, ckpt, self.tok.vocab_size)
     if worker:
@@ -48,14 +50,40 @@ class Setup:
       self.mesh, inference_meshes = plan.train_mesh, plan.inference_meshes
     self.inference_meshes = inference_meshes
     self._eval_engines: Dict[int, Engine] = {}  # max_seq_len -> a wider-window engine
-    self.env_config = EnvConfig(call_syntax=self.chat.call_syntax, max_turns=config.env.max_turns,
-                                grade_timeout_s=config.env.grade_timeout_s,
-                                system_prompt=config.env.system_prompt,
-                                tools=tuple(config.env.tools))
+    self.env_config = self._env_config(self.chat.call_syntax)
     abstract = nnx.eval_shape(lambda: Transformer(self.model_config, rngs=nnx.Rngs(0)))
     self.engines = [Engine(abstract, slots=config.rl.slots, prefill_chunk=config.rl.prefill_chunk,
                            mesh=m) for m in inference_meshes]
     self.metrics = MetricsWriter(workdir)
+
+  def _env_config(self, call_syntax: str) -> EnvConfig:
+    e = self.config.env
+    return EnvConfig(call_syntax=call_syntax, max_turns=e.max_turns,
+                     grade_timeout_s=e.grade_timeout_s, system_prompt=e.system_prompt,
+                     tools=tuple(e.tools))
+
+  def session_texts(self, call_syntax: str, num_sessions: int = 256) -> List[str]:
+    """What a tokenizer trained at run time learns from (`chat.bpe_vocab_size`): the
+    system prompt, and the task, calls and tool outputs of the SFT demonstrator's sessions
+    on the first train tasks (no held-out task), played in the sandbox in `call_syntax`."""
+    c = self.config
+    env_config = self._env_config(call_syntax)
+    texts = [c.env.system_prompt]
+    for i in range(min(num_sessions, c.sft.num_demos)):
+      task = self.task("train", i)
+      env = make_env(task, env_config)
+      policy = make_policy(c.sft.demo_policy, **dict(c.sft.demo_policy_args))
+      policy.reset(task, call_syntax)
+      obs = env.reset()
+      texts.append(obs)
+      for _ in range(c.env.max_turns):
+        action = policy.act(obs)
+        res = env.step(action)
+        obs = res.observation
+        texts += [action, obs]
+        if res.done:
+          break
+    return texts
 
   def init_params(self):
     """The checkpoint's weights (host arrays) when config.init_checkpoint is set, else None

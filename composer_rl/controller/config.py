@@ -69,14 +69,21 @@ INIT_CHECKPOINT = Field("", str, "a converted Hugging Face checkpoint "
                         "(launch/convert_checkpoint.py): its architecture, weights and "
                         "tokenizer (hf_files/) start the run; config.model then sets only "
                         "runtime fields (max_seq_len, compute_dtype, ...)")
-CHAT = Section(dict(
+_CHAT_FIELDS = dict(
     format=Field("byte", str, "tokenizer, session layout and tool-call syntax",
                  choices=_names("composer_rl.rollout.formats", "CHAT_FORMATS")),
     tokenizer=Field("", str, "directory with the tokenizer.json of formats that read "
                     "one ('qwen3')"),
     enable_thinking=Field(False, bool, "qwen3: turns may open with reasoning (False: "
                           "each opens with an empty <think> block, as Qwen3's "
-                          "enable_thinking=False prompt does)")))
+                          "enable_thinking=False prompt does)"))
+CHAT = Section(_CHAT_FIELDS)
+# Agent RL can also make its tokenizer: from-scratch models in a real chat format.
+AGENT_CHAT = Section(dict(_CHAT_FIELDS, bpe_vocab_size=Field(
+    0, int, "qwen3 without a tokenizer or checkpoint: train a byte-level BPE tokenizer "
+    "shaped like Qwen3's of at most this many tokens (fewer when no pair of its corpus "
+    "repeats) at run time, on the demonstrator's sessions of train tasks, into "
+    "workdir/tokenizer (0 = off)", **NONNEG)))
 
 AGENT_RL = Section(dict(
     kind=Field("agent_rl", str, "what launch/train.py runs", choices=("agent_rl",)),
@@ -87,7 +94,7 @@ AGENT_RL = Section(dict(
         train_fraction=Field(0.5, float, "share of the host's devices in the train mesh (one "
                              "device: training and sampling share it)", min=0.0, max=1.0),
         inference_meshes=Field(1, int, "engines, one per inference mesh", **POS))),
-    chat=CHAT,
+    chat=AGENT_CHAT,
     env=Section(dict(
         max_turns=Field(4, int, "tool calls before a session ends without submitting", **POS),
         grade_timeout_s=Field(30.0, float, "wall clock of one grading run", min=1e-3),
@@ -234,7 +241,10 @@ def validate(config, kind: Optional[str] = None) -> None:
     from composer_rl.train import config as train_config  # pylint: disable=g-import-not-at-top
     _validate(config, Section(dict(
         kind=Field(kind, str), agent=AGENT_RL, pretrain=Free(),
-        compare_without_pretraining=Field(True, bool, "also run stages 2+3 from scratch"))))
+        init_checkpoint=Field("", str, "a converted Hugging Face checkpoint every arm starts "
+                              "from (its weights, tokenizer, chat format, architecture); "
+                              "'' = a fresh model"),
+        compare_without_pretraining=Field(True, bool, "also run stages 2+3 without stage 1"))))
     _check_tasks(config.agent.tasks)
     try:
       train_config.build(config.pretrain)

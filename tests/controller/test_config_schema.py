@@ -14,7 +14,7 @@ from composer_rl.controller import config as kinds
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (experiment file, variant) of every kind launch/train.py runs.
-EXPERIMENTS = [("tiny_bugfix", "default"), ("tiny_bugfix", "smoke"),
+EXPERIMENTS = [("tiny_bugfix", "default"), ("tiny_bugfix", "smoke"), ("qwen3_bugfix", "default"),
                ("tiny_compaction", "default"), ("tiny_compaction", "ablation_smoke"),
                ("tiny_pipeline", "smoke"), ("online_rl", "smoke"), ("sft_tiny", "default"),
                ("rl_synthetic_tiny", "default"), ("cpt_code", "tiny")]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from composer_rl.controller import agent_sft, pipeline
+from composer_rl.model import hf_qwen3
 from composer_rl.train import config as config_lib
 from composer_rl.train import trainer
 from tests.train import helpers
@@ -58,3 +59,31 @@ def test_mismatched_architectures_and_corpus_settings_name_the_field(tmp_path):
       cpt[section][name] = value
     with pytest.raises(config_lib.ConfigError, match=match):
       config_lib.build(cpt)
+
+
+@pytest.mark.slow  # ~70 s, like the smoke pipeline above
+def test_the_pipeline_starts_from_a_converted_checkpoint(tmp_path, qwen3_checkpoint):
+  """`init_checkpoint` on the pipeline: stage 1 continues the checkpoint's weights on the
+  corpus in its tokenizer, stage 2 runs in its chat format from stage 1's weights, and the
+  final agent is exportable; a stage naming another checkpoint is refused."""
+  c = helpers.load_experiment("tiny_pipeline", "smoke")
+  c.compare_without_pretraining = False
+  c.agent.model.max_seq_len = 1024  # the smoke model's window; Qwen3's tools block is long
+  c.agent.env.tools = ("read_file", "edit")
+  c.pretrain.train.steps = 2
+  c.init_checkpoint = qwen3_checkpoint
+  derived = pipeline.with_checkpoint(c)
+  assert (derived.pretrain.corpus.tokenizer, derived.agent.chat.format) == ("hf", "qwen3")
+  assert "d_model" not in derived.pretrain.model and c.agent.chat.format == "byte"
+  out = pipeline.run(c, str(tmp_path))
+  assert out["init_checkpoint"] == qwen3_checkpoint and out["cpt_steps"] == 2
+  start = hf_qwen3.load_params(qwen3_checkpoint)
+  cpt = jax.device_get(trainer.final_params(derived.pretrain, str(tmp_path / "stage1_cpt")))
+  assert cpt["embed"].shape == start["embed"].shape
+  assert not np.array_equal(cpt["embed"], start["embed"])
+  with open(tmp_path / "stage23_after_cpt" / "chat.json") as f:
+    assert json.load(f)["format"] == "qwen3"
+  assert (tmp_path / "stage23_after_cpt" / "final_params").is_dir()
+  c.pretrain.init_checkpoint = str(tmp_path)
+  with pytest.raises(config_lib.ConfigError, match=r"config\.pretrain\.init_checkpoint="):
+    pipeline.run(c, str(tmp_path / "other"))
