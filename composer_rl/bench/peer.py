@@ -45,6 +45,8 @@ _PROMPT = flags.DEFINE_integer("prompt_len", 128, "Prompt tokens per sequence.")
 _NEW = flags.DEFINE_integer("new_tokens", 128, "Generated tokens per sequence.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per sampler and batch size.")
 _TUNIX = flags.DEFINE_bool("tunix", True, "Include tunix when it is importable.")
+_UNROLL = flags.DEFINE_integer("layer_unroll", 1, "The exact model's layers per loop "
+                               "iteration (ModelConfig.layer_unroll).")
 
 
 def _exact_fn(engine: Engine, prompts: np.ndarray, new_tokens: int):
@@ -104,13 +106,14 @@ def main(argv):
   config = ModelConfig(vocab_size=_VOCAB.value, d_model=_D.value, num_layers=_LAYERS.value,
                        num_heads=_HEADS.value, num_kv_heads=_KV.value,
                        head_dim=_HEAD_DIM.value, d_ff=_FF.value,
-                       max_seq_len=_PROMPT.value + new, compute_dtype="float32")
+                       max_seq_len=_PROMPT.value + new, compute_dtype="float32",
+                       layer_unroll=_UNROLL.value)
   with_tunix = _TUNIX.value and peer_tunix.available()
   result = dict(shape=dict(vocab_size=config.vocab_size, d_model=config.d_model,
                            num_layers=config.num_layers, num_heads=config.num_heads,
                            num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
                            d_ff=config.d_ff, prompt_len=_PROMPT.value, new_tokens=new,
-                           dtype="float32"),
+                           dtype="float32", layer_unroll=config.layer_unroll),
                 tunix=with_tunix, devices=jax.device_count(), batch={})
   for b in [int(x) for x in _BATCH.value.split(",")]:
     result["batch"][str(b)] = measure(config, b, _PROMPT.value, new, _REPEATS.value,

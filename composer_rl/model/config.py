@@ -43,8 +43,9 @@ class ModelConfig:
     param_dtype: dtype of the master parameters (fp32 so small RL updates are not lost).
     compute_dtype: dtype of matmul inputs and the KV cache ('bfloat16' or 'float32');
       accumulation, norms, softmax and final logits are always fp32.
-    row_tile: rows per mixture-of-experts tile: every tile holds rows of one expert and
-      goes through the same [row_tile, d] x [d, f] dots (`composer_rl.ops.grouped`).
+    row_tile: the most rows per mixture-of-experts tile: every tile holds rows of one
+      expert; a call's tile is the power of two at or above its mean rows per expert, up to
+      this (`composer_rl.ops.grouped.tile_rows`; any tile gives the same bits).
     attention_key_block: keys per block of attention's value sum (`composer_rl.ops.exact`);
       0 = the largest divisor of max_seq_len that is <= 128. Part of the numerics (sampler
       and trainer share it); with exact_numerics it must be <= 256. Packed training rows
@@ -57,6 +58,10 @@ class ModelConfig:
       fastest), 'dots' (matmul outputs; the rest is recomputed) or 'full' (only the block's
       input; the block is recomputed: activation memory of one block, not of all). The
       forward's values, and so every log-prob, are the same bits under every policy.
+    layer_unroll: layers per iteration of the layer loop (`lax.scan(unroll=...)`): 1 = one
+      compiled layer body, looped (small programs, fast compiles: real sizes); num_layers
+      = straight-line code (a few-layer model decoding a handful of rows spends less on
+      the loop). The bits are the same for every value.
     exact_numerics: True (default) runs the batch-invariant ops of `composer_rl.ops.exact`
       (fixed contraction chunks, >= 8 rows per dot, attention in fixed key blocks);
       False runs plain whole-width matmuls and one-block attention: sampler and trainer
@@ -87,12 +92,13 @@ class ModelConfig:
   exact_numerics: bool = True
   token_count: int = 0
   remat: str = "none"
+  layer_unroll: int = 1
 
   def __post_init__(self):
     def bad(msg):
       raise ValueError(f"ModelConfig: {msg}")
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                 "head_dim", "d_ff", "max_seq_len", "row_tile"):
+                 "head_dim", "d_ff", "max_seq_len", "row_tile", "layer_unroll"):
       if int(getattr(self, name)) <= 0:
         bad(f"{name} must be positive, got {getattr(self, name)!r}")
     if not 0 <= self.token_count <= self.vocab_size:

@@ -182,8 +182,10 @@ class Transformer(nnx.Module):
     k = exact.rope(k, positions, c.rope_theta)
     return q.astype(dt), k.astype(dt), v.astype(dt)
 
-  def _ffn(self, kind: str, ffn: Dict[str, jax.Array], x):
-    """The dense MLP or the MoE, with its residual; for MoE also (experts, router probs)."""
+  def _ffn(self, kind: str, ffn: Dict[str, jax.Array], x, sampling: bool):
+    """The dense MLP or the MoE, with its residual; for MoE also (experts, router probs).
+    `sampling`: a forward no one differentiates (the MoE then runs only its live tiles;
+    the same bits)."""
     c = self.config
     h = exact.rms_norm(x, self._w(ffn["norm"]), c.norm_eps)
     if kind == "mlp":
@@ -198,7 +200,7 @@ class Transformer(nnx.Module):
     ids = top_i.astype(jnp.int32)
     x = x + grouped.grouped_swiglu(h, ids, top_p, ffn["w_gate"], ffn["w_up"], ffn["w_down"],
                                    c.row_tile, c.compute_jnp_dtype,
-                                   exact_numerics=c.exact_numerics)
+                                   exact_numerics=c.exact_numerics, live_only=sampling)
     return x, (ids, probs)
 
   def _block(self, kind, x, attn, ffn, layer, k, v, *, in_place, pos_rows, slots, segments,
@@ -220,7 +222,7 @@ class Transformer(nnx.Module):
     out = exact.attention(q.reshape(b, s, c.num_heads, c.head_dim), k, v, segments, slots,
                           segment_ids, c.exact_numerics, c.key_block, key_len, layer=at)
     x = x + self._dense(exact.pad_rows(out.reshape(n, c.num_heads * c.head_dim)), attn["wo"])
-    x, routing = self._ffn(kind, ffn, x)
+    x, routing = self._ffn(kind, ffn, x, sampling=in_place)
     return x, k, v, routing
 
   # ---- the one forward ----------------------------------------------------------------
@@ -274,13 +276,14 @@ class Transformer(nnx.Module):
 
       if c.remat != "none":
         body = jax.checkpoint(body, policy=_REMAT[c.remat])
+      unroll = min(c.layer_unroll, hi - lo)
       xs = (self.layers.attn.arrays(lo, hi), getattr(self.layers, kind).arrays(
           first, first + hi - lo), jnp.arange(lo, hi, dtype=jnp.int32))
       if for_grad:
-        x, (k_l, v_l, r) = jax.lax.scan(body, x, xs)
+        x, (k_l, v_l, r) = jax.lax.scan(body, x, xs, unroll=unroll)
         layer_kv.append((k_l, v_l))
       else:
-        (x, k, v), r = jax.lax.scan(body, (x, k, v), xs)
+        (x, k, v), r = jax.lax.scan(body, (x, k, v), xs, unroll=unroll)
       if r is not None:
         routing.append((r[0][:, :n], r[1][:, :n]))  # [layers, n, ...]
     if for_grad:  # [L, B, ...] loop outputs (values) -> stored [B, L, ...]

@@ -110,15 +110,20 @@ def pad_rows(rows: Any, min_rows: int = MIN_ROWS) -> Any:
   return lax.optimization_barrier(jax.tree.map(pad, rows))
 
 
+def min_rows(cols: int) -> int:
+  """The fewest rows `dense` computes a dot with `cols` output columns on (fewer are padded
+  to it): MIN_ROWS, or WIDE_MIN_ROWS past WIDE_COLS columns."""
+  return MIN_ROWS if cols <= WIDE_COLS else WIDE_MIN_ROWS
+
+
 def dense(x: jax.Array, w: jax.Array, dtype, exact: bool = True) -> jax.Array:
   """x [T, K] @ w [K, N] in `dtype` with fp32 accumulation, row-invariant when `exact`."""
   x, w = x.astype(dtype), w.astype(dtype)
   if not exact:
     return jnp.dot(x, w, preferred_element_type=F32)
   rows, cols = x.shape[0], w.shape[1]
-  min_rows = MIN_ROWS if cols <= WIDE_COLS else WIDE_MIN_ROWS
-  if rows < min_rows:
-    x = _padded(x, 0, min_rows)
+  if rows < min_rows(cols):
+    x = _padded(x, 0, min_rows(cols))
   if cols < MIN_COLS:  # e.g. a router over a few experts
     w = _padded(w, 1, MIN_COLS)
   return _chunked_dot(x, w)[:rows, :cols]

@@ -77,6 +77,43 @@ def test_grouped_moe_matches_per_token_reference():
   np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-4)
 
 
+def test_moe_tile_follows_the_routed_rows():
+  # the power of two at or above the mean rows per expert, within [dense's fewest rows,
+  # the model's row_tile]: decode of 16 tokens x 8 experts over 128 takes 2-row tiles, a
+  # 1,024-token training row the full 128; past 2,048 columns dense needs 8 rows.
+  assert grouped.tile_rows(16 * 8, 128, 128, 2048) == 2
+  assert grouped.tile_rows(1 * 8, 128, 128, 2048) == 2
+  assert grouped.tile_rows(64 * 8, 128, 128, 2048) == 4
+  assert grouped.tile_rows(100 * 8, 128, 128, 2048) == 8
+  assert grouped.tile_rows(1024 * 8, 128, 128, 2048) == 64
+  assert grouped.tile_rows(8192 * 8, 128, 128, 2048) == 128
+  assert grouped.tile_rows(1 * 8, 128, 128, 4096) == 8
+  assert grouped.tile_rows(37 * 2, 5, 4, 24) == 4
+
+
+def test_moe_bits_do_not_depend_on_tile_batch_or_live_tiles():
+  """Any tile, the sampler's live tiles or the trainer's static buffer, a token alone or
+  in a batch: the same bits (exact.dense is row-invariant, so the tile is free)."""
+  rng = np.random.default_rng(3)
+  for n, d, f, e, k, dtype in ((37, 64, 48, 8, 2, jnp.float32), (9, 32, 2304, 16, 4, jnp.float32),
+                               (50, 64, 32, 4, 2, jnp.bfloat16)):
+    x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+    ids = jnp.asarray(np.stack([rng.choice(e, k, replace=False) for _ in range(n)]), jnp.int32)
+    gates = jnp.asarray(rng.random((n, k)), jnp.float32)
+    w = [jnp.asarray(rng.normal(size=s) * 0.1, jnp.float32) for s in ((e, d, f), (e, d, f),
+                                                                      (e, f, d))]
+    run = lambda rows, tile, live: np.asarray(jax.jit(
+        lambda *a: grouped.grouped_swiglu(*a, tile=tile, dtype=dtype, live_only=live))(
+            x[rows], ids[rows], gates[rows], *w)).view(np.uint32)
+    want = run(slice(None), 128, False)
+    for tile in (2, 8, 32):
+      for live in (False, True):
+        np.testing.assert_array_equal(run(slice(None), tile, live), want)
+    for i in (0, n - 1):
+      np.testing.assert_array_equal(run(slice(i, i + 1), 128, True), want[i:i + 1])
+    np.testing.assert_array_equal(run(slice(1, 7), 16, True), want[1:7])
+
+
 def test_map_row_tiles_is_the_plain_function_for_any_row_count():
   fn = lambda a: (jnp.tanh(a[0]) * a[1][:, None], a[1] + 1)
   for rows in (1, 7, 16, 33):
@@ -201,22 +238,25 @@ def test_layers_are_one_compiled_body():
 
 @pytest.mark.parametrize("moe_layers", [None, (1,), (1, 2)])
 def test_cache_in_the_carry_or_streamed_gives_the_same_bits(moe_layers):
-  """`for_grad` changes how the cache travels through the layer loop, never a value:
-  hidden states, written caches and routing are the same bits, for runs of dense and MoE
-  layers in any order."""
+  """`for_grad` changes how the cache travels through the layer loop, and `layer_unroll`
+  how many layers one loop iteration runs, never a value: hidden states, written caches
+  and routing are the same bits, for runs of dense and MoE layers in any order."""
   cfg = (get_preset("tiny", num_layers=4) if moe_layers is None else
          get_preset("tiny_moe", num_layers=4, moe_layers=moe_layers))
-  model = Transformer(cfg, rngs=nnx.Rngs(1))
   toks = jnp.asarray(np.random.default_rng(0).integers(1, 200, (2, 9)), jnp.int32)
   pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
   cache = KVCache.init(cfg, 2)
   outs = [jax.jit(lambda m, g=g: m.forward(toks, pos, cache, jnp.array([0, 3]),
-                                           for_grad=g))(model) for g in (False, True)]
-  for a, b in zip(*(jax.tree.leaves(o) for o in outs)):
-    a, b = np.asarray(a), np.asarray(b)
-    if a.dtype.itemsize == 4:
-      a, b = a.view(np.uint32), b.view(np.uint32)
-    else:
-      a, b = a.view(np.uint16), b.view(np.uint16)
-    np.testing.assert_array_equal(a, b)
+                                           for_grad=g))(
+                                               Transformer(cfg.replace(layer_unroll=u),
+                                                           rngs=nnx.Rngs(1)))
+          for g, u in ((False, 1), (True, 1), (False, 4), (True, 2))]
+  for other in outs[1:]:
+    for a, b in zip(*(jax.tree.leaves(o) for o in (outs[0], other))):
+      a, b = np.asarray(a), np.asarray(b)
+      if a.dtype.itemsize == 4:
+        a, b = a.view(np.uint32), b.view(np.uint32)
+      else:
+        a, b = a.view(np.uint16), b.view(np.uint16)
+      np.testing.assert_array_equal(a, b)
   assert outs[0].expert_ids.shape[2] == cfg.num_moe_layers
