@@ -183,8 +183,8 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
     ckpt.save(done, state, ledger=book)
   try:
     state, history = loop.run(state, start=start, steps=c.steps, phase="rl", label="RL",
-                        fetch=fetch, update=update, metrics=s.metrics, save=save,
-                        checkpoint_every=c.checkpoint_every)
+                              fetch=fetch, update=update, metrics=s.metrics, save=save,
+                              checkpoint_every=c.checkpoint_every)
   finally:
     factory.stop()
   if c.steps > start:
@@ -196,7 +196,7 @@ def rl_stage(s: Setup, step, state, book: Dict, ckpt: Checkpointer) -> tuple:
   fifth = max(1, len(rewards) // 5)
   curve = dict(rl_reward_mean_first=float(np.mean(rewards[:fifth])),
                rl_reward_mean_last=float(np.mean(rewards[-fifth:]))) if rewards else {}
-  return state, dict(**curve,trainer_idle_fraction=timing["idle"] / total,
+  return state, dict(**curve, trainer_idle_fraction=timing["idle"] / total,
                      rl_steps_per_hour=(c.steps - start) / max(total, 1e-9) * 3600
                      if start < c.steps else 0.0,
                      train_seconds_per_token=timing["busy"] / max(trained[0], 1.0),

@@ -42,12 +42,18 @@ def _qwen3(tokenizer: str, tools: Optional[Sequence[str]], enable_thinking: bool
     except KeyError:
       raise ValueError(f"{tokenizer}/tokenizer.json has no {name!r} token: not a Qwen3 "
                        "tokenizer (chat format 'qwen3')") from None
-  if tools is None:  # a format without tools (question answering)
-    return qwen3_chat.Qwen3ChatFormat(tok, tools=None, enable_thinking=enable_thinking)
+  return qwen3_chat.Qwen3ChatFormat(tok, tools=_qwen3_signatures(tools),
+                                    enable_thinking=enable_thinking)
+
+
+def _qwen3_signatures(tools: Optional[Sequence[str]]):
+  """The JSON signatures of the environment's allowed tools (empty = all; None = a format
+  without tools, e.g. question answering) and submit."""
+  from composer_rl.rollout import qwen3_chat  # pylint: disable=g-import-not-at-top
+  if tools is None:
+    return None
   allowed = set(tools) | {"submit"} if tools else None
-  signatures = [t for t in qwen3_chat.env_tools()
-                if allowed is None or t["function"]["name"] in allowed]
-  return qwen3_chat.Qwen3ChatFormat(tok, tools=signatures, enable_thinking=enable_thinking)
+  return [t for t in qwen3_chat.env_tools() if allowed is None or t["function"]["name"] in allowed]
 
 
 # config.chat.format -> fn(tokenizer dir, allowed tools, enable_thinking) -> chat format
@@ -106,11 +112,8 @@ def _qwen3_structure(tools: Optional[Sequence[str]]) -> List[str]:
   """The text every Qwen3 session holds besides its content: the tools block of the
   system message and the turn scaffolding."""
   from composer_rl.rollout import qwen3_chat  # pylint: disable=g-import-not-at-top
-  allowed = set(tools) | {"submit"} if tools else None
-  sigs = [t for t in qwen3_chat.env_tools() if allowed is None or t["function"]["name"] in allowed]
-  return [qwen3_chat.TOOLS_HEADER + "".join("\n" + json.dumps(t, ensure_ascii=False)
-                                            for t in sigs) + qwen3_chat.TOOLS_FOOTER,
-          "<think>\n\n</think>\n\n", "<tool_response>\n\n</tool_response>"]
+  return [qwen3_chat.tools_block(_qwen3_signatures(tools) or []), qwen3_chat.EMPTY_THINK,
+          "<tool_response>\n\n</tool_response>"]
 
 
 # formats whose tokenizer can be trained at run time -> (their call syntax, the text of
@@ -123,9 +126,8 @@ def trained_tokenizer(name: str, out_dir: str, vocab_size: int,
                       tools: Optional[Sequence[str]] = ()) -> str:
   """A byte-level BPE tokenizer for format `name` (`data.bpe.train_qwen3_style`) with
   `vocab_size` tokens, trained on `corpus(call_syntax)` (sessions in the format's call
-  syntax) and the format's scaffolding (each piece as
-  often as the corpus has texts / 8, so it is learned as sessions repeat it), saved in
-  `out_dir`; an existing `out_dir/tokenizer.json` is reused (a resumed run, a rollout
+  syntax) and the format's scaffolding (each piece as often as the corpus has texts / 8,
+  so it is learned as sessions repeat it), saved in `out_dir`; an existing `out_dir/tokenizer.json` is reused (a resumed run, a rollout
   worker). Returns `out_dir`."""
   from composer_rl.data import bpe  # pylint: disable=g-import-not-at-top
   if os.path.exists(os.path.join(out_dir, "tokenizer.json")):

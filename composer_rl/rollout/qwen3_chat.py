@@ -80,6 +80,13 @@ def env_tools() -> List[Dict[str, Any]]:
   return out
 
 
+def tools_block(tools: Sequence[Dict[str, Any]]) -> str:
+  """The system message's declaration of `tools` (JSON signatures), as Qwen3's template
+  writes it."""
+  sig = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+  return f"{TOOLS_HEADER}{sig}{TOOLS_FOOTER}"
+
+
 def assistant_text(content: str = "", tool_calls: Sequence[Dict[str, Any]] = (),
                    reasoning: Optional[str] = None) -> str:
   """The canonical text of an assistant turn (without the closing <|im_end|>), as the
@@ -129,9 +136,8 @@ class Qwen3ChatFormat:
     nothing when there is neither a system message nor a tool."""
     tools = self.tools if tools is None else tools
     if tools:
-      sig = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
       head = system + "\n\n" if system else ""
-      return [IM_START, f"system\n{head}{TOOLS_HEADER}{sig}{TOOLS_FOOTER}", IM_END, "\n"]
+      return [IM_START, f"system\n{head}{tools_block(tools)}", IM_END, "\n"]
     return [IM_START, f"system\n{system}", IM_END, "\n"] if system else []
 
   @staticmethod
