@@ -125,7 +125,9 @@ def engine_part() -> dict:
       "decode_tokens_per_s": round(n * (new - 1) / decode_s, 1),
       "generated_tokens_per_s": round(n * new / (prefill_s + decode_s), 1),
       "kv_bytes_per_token": per_token,
-      "kv_bytes_decode_slot": per_token * cfg.max_seq_len,
+      # measured: the decode state's cache follows its sessions (kv_cache.decode_length)
+      "decode_slot_length": state.cache.length,
+      "kv_bytes_decode_slot": int(sum(x.nbytes for x in jax.tree.leaves(state.cache))) // n,
       "kv_bytes_parked_session": int(sum(x.nbytes for x in jax.tree.leaves(parked.cache))),
       "parked_session_tokens": int(parked.length),
       "parity": {"tokens": int(want.size), "mismatched_tokens": mismatched,

@@ -99,6 +99,21 @@ def bucket_length(length: int, max_len: int, smallest: int = 16) -> int:
   return min(int(max_len), max(int(smallest), 1 << max(int(length) - 1, 0).bit_length()))
 
 
+# Fewest slots a decode state's cache has: with the window / 16 below (whichever is larger),
+# a window has at most ~5 decode lengths to compile programs for.
+DECODE_MIN_SLOTS = 256
+
+
+def decode_length(config: ModelConfig, tokens: int) -> int:
+  """The cache length of a decode state whose sessions hold up to `tokens` tokens: their
+  power-of-two bucket (at least DECODE_MIN_SLOTS and max_seq_len / 16), a multiple of the
+  key block (what attention reads in), at most max_seq_len."""
+  n = bucket_length(tokens, config.max_seq_len,
+                    smallest=max(DECODE_MIN_SLOTS, config.max_seq_len // 16))
+  kb = config.key_block
+  return min(config.max_seq_len, -(-n // kb) * kb)
+
+
 def resize(cache: KVCache, length: int) -> KVCache:
   """The first `length` slots of every row, or the cache padded with empty slots (zero
   keys and values, segment 0 = never written) up to `length`. Slots past a session's

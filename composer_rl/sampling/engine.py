@@ -13,8 +13,10 @@ A fixed number of decode *slots* is shared by many concurrent agent sessions:
 `prefill` with `existing_prefix` feeds only the new tokens at the end of the session's saved
 cache: the history is never re-prefilled. A parked `Prefix` (`release`, `park`) holds a
 cache as long as its session (a power-of-two bucket, `kv_cache.bucket_length`), not
-`max_seq_len`, and so does a prefill batch: parked and prefilling sessions cost memory in
-proportion to their tokens; only the decode slots are window-long. Every
+`max_seq_len`, and so does a prefill batch; the decode state's cache is as long as its
+longest live session needs (`kv_cache.decode_length`: grown when a session would pass it,
+shrunk when the sessions need a quarter of it): sessions cost memory in proportion to
+their tokens, not the window, and never a different bit (attention masks empty slots). Every
 computation is the model's one forward and the shared token head, so a token's log-prob is
 identical, bit for bit, to the trainer's recomputation, whatever the slot or the other
 sessions in the batch (the parity design of `composer_rl.ops.exact`).
@@ -129,6 +131,7 @@ class Engine:
     self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._release_fn = jax.jit(self._release_impl)
     self._resize_fn = jax.jit(kvc.resize, static_argnums=(1,))
+    self._longest_fn = jax.jit(lambda lengths, active: jnp.max(jnp.where(active, lengths, 0)))
     self._sample_fn = jax.jit(self._sample_impl, static_argnums=(7,))
     self._generate_many_fn = jax.jit(self._generate_many_impl, donate_argnums=(1,),
                                      static_argnums=(4,))
@@ -152,7 +155,8 @@ class Engine:
 
   def init_decode_state(self) -> DecodeState:
     n = self.slots
-    return self.place(DecodeState(cache=KVCache.init(self.config, n), lengths=jnp.zeros((n,), jnp.int32),
+    cache = KVCache.init(self.config, n, kvc.decode_length(self.config, 0))
+    return self.place(DecodeState(cache=cache, lengths=jnp.zeros((n,), jnp.int32),
                        last_token=jnp.zeros((n,), jnp.int32), seq_ids=jnp.zeros((n,), jnp.int32),
                        seeds=jnp.zeros((n,), jnp.uint32),
                        sampling=head_lib.RowSampling.broadcast(n), active=jnp.zeros((n,), bool)))
@@ -218,12 +222,31 @@ class Engine:
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     if not 0 <= slot < self.slots:
       raise ValueError(f"slot {slot} outside [0, {self.slots})")
+    decode_state = self._fit(decode_state, int(prefix.length), grow_only=True)
     # Without the routing record: its length varies, and the slot does not need it.
     return self._insert_fn(prefix.replace(expert_ids=None), decode_state, jnp.int32(slot))
 
+  def _fit(self, state: DecodeState, tokens: int, grow_only: bool = False) -> DecodeState:
+    """`state` with a cache that holds `tokens` per slot: grown to their decode length when
+    they do not fit, shrunk to the decode length of twice their number when they need a
+    quarter of it or less (unless `grow_only`). Resizing copies the cache; the doubling
+    makes it rare."""
+    have, want = state.cache.length, kvc.decode_length(self.config, tokens)
+    if want > have:
+      return state.replace(cache=self._resize_fn(state.cache, want))
+    if not grow_only and want * 4 <= have:
+      return state.replace(cache=self._resize_fn(
+          state.cache, kvc.decode_length(self.config, 2 * tokens)))
+    return state
+
+  def _fit_for_steps(self, state: DecodeState, steps: int) -> DecodeState:
+    """`state` fitted to its live sessions plus `steps` more tokens each (one small read of
+    their lengths from the device)."""
+    return self._fit(state, int(self._longest_fn(state.lengths, state.active)) + steps)
+
   def generate(self, params, decode_state: DecodeState):
     """One decode step for every slot; returns (new state, StepResult)."""
-    return self._generate_fn(params, decode_state)
+    return self._generate_fn(params, self._fit_for_steps(decode_state, 1))
 
   def generate_many(self, params, decode_state: DecodeState, budgets, stop_token,
                     steps: int):
@@ -232,6 +255,7 @@ class Engine:
     of ids; -1 = none) or has sampled `budgets[slot]` tokens. Returns (new state, StepResult with a leading [steps] axis; `active` marks the
     tokens that count). Each step is the computation of `generate`, so the tokens and
     log-probs are the ones `steps` calls of `generate` would give."""
+    decode_state = self._fit_for_steps(decode_state, steps)
     return self._generate_many_fn(params, decode_state, jnp.asarray(budgets, jnp.int32),
                                   jnp.atleast_1d(jnp.asarray(stop_token, jnp.int32)), steps)
 

@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from composer_rl.model import Transformer, get_preset
-from composer_rl.model.kv_cache import bucket_length
+from composer_rl.model.kv_cache import bucket_length, decode_length
 from composer_rl.sampling.engine import Engine, Request
 from composer_rl.sampling.sampler import Sampler, SamplingConfig
 from composer_rl.train.scoring import score_tokens
@@ -122,3 +122,39 @@ def test_engine_on_the_bf16_inference_copy_matches_the_fp32_trainer(model):
   want = np.asarray([float(x) for x in lps], np.float32)
   got = scores.logprobs[0, len(prompt) - 1:len(prompt) - 1 + len(toks)]
   np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_decode_slots_follow_the_sessions_length_and_stay_exact():
+  """The decode state's cache grows as a session passes its length and shrinks when the
+  sessions left need a quarter of it; the log-probs are the trainer's bits throughout."""
+  cfg = get_preset("tiny", max_seq_len=2048)
+  model = Transformer(cfg, rngs=nnx.Rngs(5))
+  eng = Engine(model, slots=2, prefill_chunk=64)
+  params = eng.load_params()
+  req = Request(seq_id=1, seed=2, temperature=1.0, top_k=20)
+  state = eng.init_decode_state()
+  assert state.cache.length == decode_length(cfg, 0) == 256
+  prompt = np.random.default_rng(1).integers(1, 200, 230).tolist()
+  prefix = eng.prefill(params=params, padded_tokens=prompt, request=req)
+  state = eng.insert(prefix, state, 0)
+  seq, lps, lengths = prompt + [int(prefix.token)], [prefix.logprob], []
+  for _ in range(6):  # 230 -> 710 tokens: the cache passes 256 and 512
+    state, steps = eng.generate_many(params, state, [10**6, 0], -1, 80)
+    lengths.append(state.cache.length)
+    seq += np.asarray(steps.tokens[:, 0]).tolist()
+    lps += list(np.asarray(steps.logprobs[:, 0]))
+  assert lengths[0] == 512 and lengths[-1] == 1024 and len(seq) == 231 + 480
+  want = _score(model, [seq], req).logprobs[0, 229:len(seq) - 1]
+  np.testing.assert_array_equal(np.asarray(lps, np.float32).view(np.uint32),
+                                np.asarray(want, np.float32).view(np.uint32))
+  # The long session leaves; a short one takes the other slot: the cache shrinks.
+  eng.release(state, 0)
+  state = eng.free(state, 0)
+  short = eng.prefill(params=params, padded_tokens=prompt[:20], request=req)
+  state = eng.insert(short, state, 1)
+  state, steps = eng.generate_many(params, state, [0, 5], -1, 5)
+  assert state.cache.length == 256
+  short_seq = prompt[:20] + [int(short.token)] + np.asarray(steps.tokens[:, 1]).tolist()
+  want = _score(model, [short_seq], req).logprobs[0, 20:25]
+  np.testing.assert_array_equal(np.asarray(steps.logprobs[:, 1], np.float32).view(np.uint32),
+                                np.asarray(want, np.float32).view(np.uint32))
