@@ -88,6 +88,7 @@ def test_settings_that_bring_their_own_tokenizer_are_refused(tmp_path, qwen3_tok
     formats.from_config(c.chat)
 
 
+@pytest.mark.slow  # ~57 s; the guide test runs the Qwen3 agent loop in the default suite
 def test_the_experiment_runs_end_to_end_at_smoke_size(tmp_path):
   wd = tmp_path / "wd"
   out = subprocess.run(
