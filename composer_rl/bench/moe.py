@@ -113,7 +113,7 @@ def run(preset: str, tokens, repeats: int, dtype: str = ""):
     out["calls"][str(n)] = dict(
         tile=tile, assignments=n * k,
         rows_sampling=int((-(-counts // tile) * tile).sum()),
-        rows_training=int(-(-(n * k + min(e, n * k) * (tile - 1)) // tile) * tile),
+        rows_training=grouped.buffer_rows(n * k, e, tile),
         ms=ms, exact_sampling_over_fastest=ms["exact_sampling"] / fastest,
         exact_training_over_fastest=ms["exact_training"] / fastest,
         max_abs_diff_vs_ragged=float(jnp.max(jnp.abs(sample - ragged(*args)))))

@@ -35,6 +35,12 @@ def tile_rows(num_assign: int, num_experts: int, max_tile: int, cols: int) -> in
   return max(exact.min_rows(cols), min(max_tile, tile))
 
 
+def buffer_rows(num_assign: int, num_experts: int, tile: int) -> int:
+  """Rows of the static buffer: at most min(E, A) experts hold rows, each padded by at
+  most tile - 1, rounded up to whole tiles."""
+  return -(-(num_assign + min(num_experts, num_assign) * (tile - 1)) // tile) * tile
+
+
 def grouped_swiglu(x: jax.Array, expert_ids: jax.Array, gates: jax.Array, w_gate: jax.Array,
                    w_up: jax.Array, w_down: jax.Array, tile: int, dtype,
                    exact_numerics: bool = True, live_only: bool = False) -> jax.Array:
@@ -71,9 +77,8 @@ def grouped_swiglu(x: jax.Array, expert_ids: jax.Array, gates: jax.Array, w_gate
   dest_sorted = padded_start[sorted_expert] + rank
   dest = jnp.zeros_like(dest_sorted).at[order].set(dest_sorted)  # per original assignment
 
-  # At most min(E, A) experts hold rows, each padded by at most tile - 1.
-  num_tiles = -(-(num_assign + min(num_experts, num_assign) * (tile - 1)) // tile)
-  buf_rows = num_tiles * tile
+  buf_rows = buffer_rows(num_assign, num_experts, tile)
+  num_tiles = buf_rows // tile
   # Row index into x for each buffer row; n points at an appended zero row (padding).
   buf_token = jnp.full((buf_rows,), n, jnp.int32).at[dest].set(flat_token)
   x_pad = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)])
