@@ -23,7 +23,8 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
   # one device (a laptop CPU) training and sampling share it.
   c.mesh = ml_collections.ConfigDict(dict(
       train_fraction=0.5,     # share of devices in the train mesh
-      inference_meshes=1))    # engines, one per inference mesh, each running whole groups
+      inference_meshes=1,     # engines, one per inference mesh, each running whole groups
+      train_fsdp=1))          # parameters split this many ways in the train step (-1: all)
   # Tokenizer, session layout and tool-call syntax (composer_rl.rollout.formats): 'byte'
   # for this from-scratch model; 'qwen3' with chat.tokenizer = a directory holding a
   # Qwen3-style tokenizer.json (e.g. composer_rl.data.bpe.train_qwen3_style's).

@@ -15,8 +15,10 @@ Each measured part runs in its own process, so `peak_rss_gb` is that part's own 
   master scores every generated token; `mismatched_tokens` counts log-probs whose uint32
   bits differ from the Engine's.
 * `train`: one RL step (GRPO-style policy loss, AdamW) of `train_rows` sessions x
-  `train_len` tokens, one row per microbatch as agent RL runs it. XLA's memory analysis of
-  the compiled step comes first; the step runs only when it fits `--memory_budget_gb`
+  `train_len` tokens, one row per microbatch as agent RL runs it, on `--train_mesh` (e.g.
+  `fsdp=8`: parameters, moments and gradients split 8 ways inside the step; a CPU host
+  shows that many devices). XLA's memory analysis of the compiled step (per device) comes
+  first; the step runs only when all local devices' bytes fit `--memory_budget_gb`
   (otherwise the JSON says so, with the predicted bytes).
 * `paper`: bytes per part for `--paper_presets` (parameters, AdamW, gradients held,
   KV per token and per session) -- for shapes that cannot run here.
@@ -40,9 +42,14 @@ _ROWS = flags.DEFINE_integer("train_rows", 8, "Sessions per RL train step.")
 _LEN = flags.DEFINE_integer("train_len", 1024, "Tokens per session in the train step.")
 _REMAT = flags.DEFINE_enum("remat", "full", ["none", "dots", "full"],
                            "ModelConfig.remat of the train step.")
+_MESH = flags.DEFINE_string("train_mesh", "data=1",
+                            "Mesh of the train step, axis=size[,axis=size] (composer_rl.model."
+                            "sharding.MESH_AXES); on CPU that many host devices are made.")
 _BUDGET = flags.DEFINE_float("memory_budget_gb", 20.0, "Run the train step only below this.")
 _PAPER = flags.DEFINE_list("paper_presets", ["qwen3_0_6b", "qwen3_30b_a3b"],
                            "Presets sized on paper.")
+_PAPER_FSDP = flags.DEFINE_integer("paper_fsdp", 64, "FSDP ways the paper part sizes a "
+                                   "device's share at.")
 _CHILD = flags.DEFINE_string("child", "", "Internal: run one part in this process.")
 
 GB = 1 << 30
@@ -55,6 +62,14 @@ def _peak_rss_gb() -> float:
 def _config():
   from composer_rl.model import get_preset
   return get_preset(_PRESET.value, max_seq_len=_MAX_SEQ.value, remat=_REMAT.value)
+
+
+def _mesh_shape() -> dict:
+  try:
+    shape = {k.strip(): int(v) for k, v in (a.split("=") for a in _MESH.value.split(","))}
+  except ValueError:
+    raise app.UsageError(f"--train_mesh={_MESH.value!r}: write axis=size[,axis=size]")
+  return shape
 
 
 def kv_bytes_per_token(cfg) -> int:
@@ -144,7 +159,9 @@ def train_part() -> dict:
   from composer_rl.sampling.head import RowSampling
   cfg = _config()
   rows, length = _ROWS.value, _LEN.value
-  mesh = shd.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  shape = _mesh_shape()
+  devices = int(np.prod(list(shape.values())))
+  mesh = shd.make_mesh(shape, devices=jax.devices()[:devices])
   step = make_train_step(cfg, TrainConfig(micro_batch_size=1), mesh)
   rng = np.random.default_rng(0)
   ones = np.ones((rows, length), np.float32)
@@ -165,14 +182,14 @@ def train_part() -> dict:
   predicted = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes \
       - mem.alias_size_in_bytes
   out = {"rows": rows, "tokens_per_row": length, "micro_batch_size": 1, "remat": cfg.remat,
-         "compile_seconds": round(compile_s, 2),
-         "predicted_bytes": {"arguments": mem.argument_size_in_bytes,
+         "mesh": shape, "compile_seconds": round(compile_s, 2),
+         "predicted_bytes_per_device": {"arguments": mem.argument_size_in_bytes,
                              "temporaries": mem.temp_size_in_bytes,
                              "outputs": mem.output_size_in_bytes,
                              "aliased": mem.alias_size_in_bytes, "total": predicted}}
-  if predicted > _BUDGET.value * GB:
+  if predicted * devices > _BUDGET.value * GB:
     out["ran"] = False
-    out["why_not"] = (f"predicted {predicted / GB:.1f} GB > memory_budget_gb="
+    out["why_not"] = (f"predicted {devices} x {predicted / GB:.1f} GB > memory_budget_gb="
                       f"{_BUDGET.value}")
   else:
     state = step.init_state(0)
@@ -192,22 +209,35 @@ def train_part() -> dict:
   return out
 
 
-def paper(name: str, rows: int, length: int) -> dict:
+def paper(name: str, rows: int, length: int, ways: int) -> dict:
   """Bytes per part of a preset: fp32 master + AdamW + the gradients the step holds
-  (streaming tree: bit_length(rows) partial sums + the one being computed; before: one per
-  microbatch), the bf16 inference copy, and KV per token / per session."""
+  (streaming tree: bit_length(rows - 1) partial sums + the one being computed; before: one
+  per microbatch), the bf16 inference copy, KV per token / per session, and one device's
+  share with parameters split `ways` ways inside the step (FSDP): master, AdamW and the
+  partial sums divided by `ways`, plus what is whole for a moment -- the largest layer's
+  gathered weights and gradient, and the embedding with its gradient."""
   import jax
+  import numpy as np
   from flax import nnx
   from composer_rl.model import Transformer, get_preset
   cfg = get_preset(name)
-  shapes = nnx.state(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  shapes = nnx.to_pure_dict(nnx.state(nnx.eval_shape(
+      lambda: Transformer(cfg, rngs=nnx.Rngs(0)))))
   count = sum(int(x.size) for x in jax.tree.leaves(shapes))
   per_token = kv_bytes_per_token(cfg)
   f32 = 4 * count
+  layer = max(sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(group))
+              for group in shapes["layers"].values())
+  outside = sum(int(x.size) for k, x in shapes.items() if k != "layers")
+  rounds = max(rows // ways, 1)
+  held = (max(rounds - 1, 0).bit_length() + 1) * f32
   return {"parameters": count, "fp32_master_bytes": f32, "adamw_bytes": 2 * f32,
           "inference_copy_bytes": count * 2,
           "gradient_bytes_held": {"per_microbatch_before": rows * f32,
-                                  "streaming_tree_now": (rows.bit_length() + 1) * f32},
+                                  "streaming_tree_now": ((rows - 1).bit_length() + 1) * f32},
+          f"fsdp_{ways}_bytes_per_device": {
+              "master_adamw_gradients": (3 * f32 + held) // ways,
+              "whole_for_a_moment": 4 * 2 * (layer + outside)},
           "kv_bytes_per_token": per_token,
           "kv_bytes_per_session": {"window_before": per_token * cfg.max_seq_len,
                                    f"bucketed_now_{length}_tokens": per_token * length},
@@ -218,7 +248,15 @@ def _run_child(part: str) -> dict:
   args = [sys.executable, "-m", "composer_rl.bench.real_scale", f"--child={part}"]
   args += [f for f in sys.argv[1:] if not f.startswith("--child")]
   t = time.perf_counter()
-  proc = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ))
+  env = dict(os.environ)
+  devices = 1
+  for size in _mesh_shape().values():
+    devices *= size
+  if part == "train" and devices > 1 and "xla_force_host_platform_device_count" not in \
+      env.get("XLA_FLAGS", ""):  # CPU: that many host devices (accelerators have theirs)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        f" --xla_force_host_platform_device_count={devices}").strip()
+  proc = subprocess.run(args, capture_output=True, text=True, env=env)
   if proc.returncode:
     return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
   out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -242,7 +280,8 @@ def main(argv):
       print(f"[real_scale] {part} ...", file=sys.stderr, flush=True)
       out[part] = _run_child(part)
   if "paper" in _PARTS.value:
-    out["paper"] = {n: paper(n, _ROWS.value, _LEN.value) for n in _PAPER.value}
+    out["paper"] = {n: paper(n, _ROWS.value, _LEN.value, _PAPER_FSDP.value)
+                    for n in _PAPER.value}
   print(json.dumps(out, indent=1))
 
 

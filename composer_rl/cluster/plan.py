@@ -152,7 +152,8 @@ def _agent_plan(config, topo: Topology, mode: str) -> Dict[str, Any]:
                                              config.mesh.inference_meshes, slice_ids)
   slices_of = lambda ids: sorted({slice_ids[i] for i in ids})
   return dict(
-      train_mesh=dict(axes={"data": len(train)}, devices=len(train),
+      train_mesh=dict(axes=placement.train_axes(len(train), config.mesh.get("train_fsdp", 1)),
+                      devices=len(train),
                       device_ids=_ranges(train), slices=slices_of(train)),
       inference_meshes=[dict(devices=len(m), device_ids=_ranges(m), slices=slices_of(m))
                         for m in inference],

@@ -46,7 +46,7 @@ class Setup:
             "run it under Pathways (--distributed=pathways) or on one host, with rollouts in "
             "separate jobs (rl.rollouts='remote', launch/rollout_worker.py)")
       plan = placement.carve(jax.devices(), config.mesh.train_fraction,
-                             config.mesh.inference_meshes)
+                             config.mesh.inference_meshes, config.mesh.train_fsdp)
       self.mesh, inference_meshes = plan.train_mesh, plan.inference_meshes
     self.inference_meshes = inference_meshes
     self._eval_engines: Dict[int, Engine] = {}  # max_seq_len -> a wider-window engine

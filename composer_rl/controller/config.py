@@ -93,7 +93,11 @@ AGENT_RL = Section(dict(
     mesh=Section(dict(
         train_fraction=Field(0.5, float, "share of the host's devices in the train mesh (one "
                              "device: training and sampling share it)", min=0.0, max=1.0),
-        inference_meshes=Field(1, int, "engines, one per inference mesh", **POS))),
+        inference_meshes=Field(1, int, "engines, one per inference mesh", **POS),
+        train_fsdp=Field(1, int, "ways the train step splits parameters, AdamW moments and "
+                         "gradients over the train devices (FSDP; -1 = all of them); the "
+                         "rest are data-parallel",
+                         check=lambda v: None if v == -1 or v >= 1 else "use -1 or >= 1"))),
     chat=AGENT_CHAT,
     env=Section(dict(
         max_turns=Field(4, int, "tool calls before a session ends without submitting", **POS),

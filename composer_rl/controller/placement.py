@@ -1,8 +1,8 @@
 """Carving a host's devices into a train mesh and inference meshes (the single controller's
 device plan).
 
-  placement = carve(jax.devices(), train_fraction=0.5, inference_meshes=2)
-  placement.train_mesh        # data-parallel train step (sharding.make_mesh axes)
+  placement = carve(jax.devices(), train_fraction=0.5, inference_meshes=2, train_fsdp=4)
+  placement.train_mesh        # the train step's mesh: fsdp x data (sharding.make_mesh axes)
   placement.inference_meshes  # one engine per mesh; weights reach each by device_put
 
 With one device (a laptop CPU) training and inference are colocated on it. Otherwise the
@@ -11,7 +11,7 @@ inference mesh) train, and the rest are split evenly between the inference meshe
 of several TPU slices (Pathways) are given out as whole slices (`split_indices`).
 """
 import dataclasses
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import jax
 from jax.sharding import Mesh
@@ -65,14 +65,24 @@ def split_indices(n: int, train_fraction: float = 0.5, inference_meshes: int = 1
   return train, [rest[i * per:(i + 1) * per] for i in range(inference_meshes)]
 
 
+def train_axes(devices: int, fsdp: int) -> Dict[str, int]:
+  """The train mesh's axes on `devices` devices: parameters split `fsdp` ways inside the
+  step (-1: over all of them), data-parallel over the rest."""
+  ways = devices if fsdp == -1 else fsdp
+  if ways < 1 or devices % ways:
+    raise ValueError(f"config.mesh.train_fsdp={fsdp} does not divide the {devices} train "
+                     "devices (use a divisor, or -1 for all of them)")
+  return {"data": devices // ways, "fsdp": ways}
+
+
 def carve(devices: Sequence[jax.Device], train_fraction: float = 0.5,
-          inference_meshes: int = 1) -> Placement:
+          inference_meshes: int = 1, train_fsdp: int = 1) -> Placement:
   devices = list(devices)
   slice_ids = [getattr(d, "slice_index", 0) for d in devices]
   train, inference = split_indices(len(devices), train_fraction, inference_meshes, slice_ids)
   if len(devices) == 1:
-    mesh = sharding.make_mesh({"data": 1}, devices)
+    mesh = sharding.make_mesh(train_axes(1, train_fsdp), devices)
     return Placement(mesh, [mesh] * inference_meshes)
   pick = lambda idx: [devices[i] for i in idx]
-  return Placement(sharding.make_mesh({"data": -1}, pick(train)),
+  return Placement(sharding.make_mesh(train_axes(len(train), train_fsdp), pick(train)),
                    [sharding.make_mesh({"data": -1}, pick(m)) for m in inference])

@@ -55,6 +55,14 @@ def logical_to_spec(names: Sequence[Optional[str]], rules=DEFAULT_RULES) -> P:
   return P(*[table.get(n) if n is not None else None for n in names])
 
 
+def logical_names(state: nnx.State):
+  """Each parameter's logical axis names (a tuple, None for an unnamed axis)."""
+  def one(var):
+    names = tuple(var.get_metadata().get("out_sharding") or ())
+    return names + (None,) * (len(var.get_value().shape) - len(names))
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
 def param_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES):
   """NamedShardings for an nnx state (concrete, or abstract from `nnx.eval_shape`: nothing
   is materialized) from its params' `out_sharding` (logical) metadata."""

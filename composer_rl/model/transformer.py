@@ -11,7 +11,7 @@ Parameters carry logical axis names (`out_sharding` metadata) that
 `composer_rl.model.sharding` maps onto a device mesh.
 """
 import functools
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ from composer_rl.model.config import ModelConfig
 from composer_rl.ops import exact, grouped
 
 F32 = jnp.float32
+LayerGather = Callable[[str, Dict[str, jax.Array]], Dict[str, jax.Array]]
 # ModelConfig.remat -> what `jax.checkpoint` keeps of a block for the backward.
 _REMAT = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
           "full": jax.checkpoint_policies.nothing_saveable}
@@ -228,7 +229,8 @@ class Transformer(nnx.Module):
   # ---- the one forward ----------------------------------------------------------------
   def forward(self, tokens: jax.Array, positions: jax.Array, cache: kvc.KVCache,
               cache_index: jax.Array, segment_ids: Optional[jax.Array] = None,
-              key_len: Optional[int] = None, for_grad: bool = False) -> ForwardOutput:
+              key_len: Optional[int] = None, for_grad: bool = False,
+              layer_gather: Optional[LayerGather] = None) -> ForwardOutput:
     """Runs `tokens` through the model, writing their keys/values into `cache`.
 
     Args:
@@ -247,6 +249,11 @@ class Transformer(nnx.Module):
         layer's keys in place; True (a differentiated call: the training forward) reads it
         as a constant and returns each layer's cache as a loop output, so the backward
         does not keep a copy of the whole cache per layer.
+      layer_gather: fn(kind, {name: array}) -> {name: array}, applied to one layer's
+        parameters ('attn', 'mlp' or 'moe') as stored at the top of the layer loop's body:
+        the train step's FSDP gathers a layer's shards here, so one layer is whole at a
+        time. With `remat` 'dots' or 'full' the backward gathers again; with 'none' it
+        keeps what it keeps of every layer, the weights the dots read included.
     """
     c = self.config
     b, s = tokens.shape
@@ -266,8 +273,10 @@ class Transformer(nnx.Module):
                                 slots=slots, segments=segments, segment_ids=segment_ids,
                                 key_len=key_len)
 
-      def body(carry, xs, block=block):
+      def body(carry, xs, block=block, kind=kind):
         attn, ffn, layer = xs
+        if layer_gather is not None:
+          attn, ffn = layer_gather("attn", attn), layer_gather(kind, ffn)
         if for_grad:
           x, k_l, v_l, r = block(carry, attn, ffn, layer, k, v)
           return x, (k_l, v_l, r)

@@ -167,24 +167,35 @@ def _chunked_dot_bwd(residuals, g):
 _chunked_dot.defvjp(_chunked_dot_fwd, _chunked_dot_bwd)
 
 
-def row_sum(x: jax.Array) -> jax.Array:
-  """Sum over the last axis of fp32 `x` [..., n] -> [...], in an order no program changes.
+def pairwise_sum(x: jax.Array, axis: int = -1) -> jax.Array:
+  """Sum over `axis` in an order no program changes.
 
   XLA:CPU's reduction loops sum in an order that depends on how the reduction was fused
   and laid out (measured: the same RMSNorm rows differed by 1 ulp between the sampler's
-  and the trainer's programs, even from a materialized input). Element-wise additions are
-  never reordered, so the sum is a fixed tree of them: the axis is zero-padded to a power
-  of two and folded in halves (pairwise summation), all in one fused loop.
+  and the trainer's programs, even from a materialized input; a norm scale's gradient
+  differed between the 1-device and the FSDP train step, whose reduction feeds a
+  reduce-scatter). Element-wise additions are never reordered, so the sum is a fixed tree
+  of them: the axis is zero-padded to a power of two and folded in halves (pairwise
+  summation), all in one fused loop.
   """
-  x = x.astype(F32)
-  n = x.shape[-1]
+  axis = axis % x.ndim
+  n = x.shape[axis]
   width = 1 << max(n - 1, 0).bit_length()
   if width > n:
-    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])  # zeros add nothing
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, width - n)
+    x = jnp.pad(x, pad)  # zeros add nothing
   while width > 1:
     width //= 2
-    x = x[..., :width] + x[..., width:]
-  return x[..., 0]
+    x = (lax.slice_in_dim(x, 0, width, axis=axis)
+         + lax.slice_in_dim(x, width, 2 * width, axis=axis))
+  return lax.index_in_dim(x, 0, axis, keepdims=False)
+
+
+def row_sum(x: jax.Array) -> jax.Array:
+  """Sum over the last axis of fp32 `x` [..., n] -> [...], in an order no program changes
+  (`pairwise_sum`)."""
+  return pairwise_sum(x.astype(F32), -1)
 
 
 def row_cumsum(x: jax.Array) -> jax.Array:
@@ -214,7 +225,26 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   """RMSNorm over the last axis in fp32."""
   x = x.astype(F32)
   var = row_sum(x * x)[..., None] / x.shape[-1]
-  return x * lax.rsqrt(var + eps) * scale.astype(F32)
+  return _scaled(x * lax.rsqrt(var + eps), scale.astype(F32))
+
+
+@jax.custom_vjp
+def _scaled(x: jax.Array, scale: jax.Array) -> jax.Array:
+  """x [..., d] * scale [d]. The scale's gradient sums over every row: with `pairwise_sum`,
+  so its bits do not depend on the program around it (the FSDP step reduce-scatters it)."""
+  return x * scale
+
+
+def _scaled_fwd(x, scale):
+  return x * scale, (x, scale)
+
+
+def _scaled_bwd(residuals, g):
+  x, scale = residuals
+  return g * scale, pairwise_sum((g * x).reshape(-1, scale.shape[-1]), 0)
+
+
+_scaled.defvjp(_scaled_fwd, _scaled_bwd)
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:

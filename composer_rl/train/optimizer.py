@@ -69,14 +69,6 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
                      weight_decay=cfg.weight_decay, mask=decay_mask)
 
 
-def global_norm(grads) -> jax.Array:
-  """L2 norm over all leaves, summed leaf by leaf in tree order (a fixed order)."""
-  total = jnp.zeros((), jnp.float32)
-  for g in jax.tree.leaves(grads):
-    total = total + jnp.sum(jnp.square(g.astype(jnp.float32)))
-  return jnp.sqrt(total)
-
-
 def clip_by_global_norm(grads, norm: jax.Array, max_norm: float):
   """Scales grads by min(1, max_norm / norm) (identity when max_norm is 0)."""
   if not max_norm:

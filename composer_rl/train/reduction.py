@@ -17,6 +17,9 @@ two operands of each addition -- is what fixes the bits. Three ways to compute t
   block of 2^(r+1) devices, i.e. the tree's level above the devices' subtrees. One extra
   item in flight instead of an all-gather of all N. Needs N a power of two (as the
   subtree argument does).
+- `halving_scatter`: the same tree over devices, each keeping only its block of the sum
+  along one axis (recursive halving: each round sends half of what is left). This is FSDP's
+  reduce-scatter with the tree's bits: a device sends and holds at most one item.
 """
 from typing import Any, Callable
 
@@ -87,3 +90,31 @@ def butterfly_sum(local: Any, combine: Combine, axis_name, num_devices: int) -> 
     local = combine(local, other)
     step *= 2
   return local
+
+
+def halving_scatter(x: jax.Array, dim: int, axis_name, num_devices: int) -> jax.Array:
+  """Inside `shard_map`: `tree_sum` over devices of `x` (device d's item before d + 1's),
+  of which device d keeps block d of `dim` (x.shape[dim] / num_devices long).
+
+  Round r pairs devices d and d ^ 2**r, as `butterfly_sum` does, so the additions are the
+  tree's; the blocks still held are those whose index agrees with d in its r low bits, and
+  each device keeps the half whose bit r is its own and sends the other.
+  """
+  if num_devices & (num_devices - 1):
+    raise ValueError(f"halving_scatter needs a power-of-two device count, got {num_devices}")
+  n = x.shape[dim]
+  if n % num_devices:
+    raise ValueError(f"axis {dim} of length {n} does not split into {num_devices} blocks")
+  pre, post = x.shape[:dim], x.shape[dim + 1:]
+  held = x.reshape(pre + (num_devices, n // num_devices) + post)  # blocks by index
+  me = jax.lax.axis_index(axis_name)
+  step = 1
+  while step < num_devices:
+    held = held.reshape(pre + (held.shape[dim] // 2, 2) + held.shape[dim + 1:])
+    bit = (me // step) % 2
+    keep = jax.lax.dynamic_index_in_dim(held, bit, dim + 1, keepdims=False)
+    send = jax.lax.dynamic_index_in_dim(held, 1 - bit, dim + 1, keepdims=False)
+    held = keep + jax.lax.ppermute(send, axis_name,
+                                   [(d, d ^ step) for d in range(num_devices)])
+    step *= 2
+  return held.reshape(pre + (n // num_devices,) + post)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from composer_rl.model.kv_cache import KVCache
-from composer_rl.model.transformer import Transformer
+from composer_rl.model.transformer import LayerGather, Transformer
 from composer_rl.sampling import head as head_lib
 
 
@@ -26,7 +26,8 @@ class Scores(NamedTuple):
 
 def score_tokens(model: Transformer, tokens: jax.Array, sampling: head_lib.RowSampling,
                  segment_ids: Optional[jax.Array] = None,
-                 positions: Optional[jax.Array] = None) -> Scores:
+                 positions: Optional[jax.Array] = None,
+                 layer_gather: Optional[LayerGather] = None) -> Scores:
   """Scores right-padded sequences.
 
   Args:
@@ -35,6 +36,8 @@ def score_tokens(model: Transformer, tokens: jax.Array, sampling: head_lib.RowSa
     sampling: per-sequence sampling transform ([B] arrays) the tokens were sampled under.
     segment_ids: [B, S] int32, 0 on padding (default: all ones).
     positions: [B, S] RoPE positions (default: 0..S-1).
+    layer_gather: how the layer loop gets a layer's parameters (`Transformer.forward`; the
+      train step's FSDP).
   """
   b, s = tokens.shape
   if s > model.config.max_seq_len:
@@ -46,7 +49,7 @@ def score_tokens(model: Transformer, tokens: jax.Array, sampling: head_lib.RowSa
   # all keep). Attention's bits do not depend on either (`composer_rl.ops.exact`).
   cache = KVCache.for_tokens(model.config, b, s)
   out = model.forward(tokens, positions, cache, jnp.zeros((b,), jnp.int32), segment_ids,
-                      key_len=cache.length, for_grad=True)
+                      key_len=cache.length, for_grad=True, layer_gather=layer_gather)
   rows = b * (s - 1)
   per_row = jax.tree.map(lambda x: jnp.repeat(x, s - 1), sampling)
   head = head_lib.token_head(

@@ -1,25 +1,26 @@
 """The sharded train step: microbatched value_and_grad, deterministic gradient reduction,
 global-norm clip and AdamW, as one jitted program over a device mesh.
 
-Layout. Parameters (fp32 master copies) and optimizer moments are stored sharded by their
-logical axis names (`composer_rl.model.sharding.param_shardings`, rules from the
-experiment). Matmuls run in `ModelConfig.compute_dtype` (bf16) with fp32 accumulation.
-Inside the step, a `shard_map` over the batch axes (data, fsdp) all-gathers the weights and
-runs the *single-device* program on each device's rows -- the same scheme as the sampler,
+Layout. Parameters (fp32 master copies), optimizer moments and gradients are stored sharded
+by their logical axis names (`composer_rl.model.sharding.param_shardings`, rules from the
+experiment: `embed` over `fsdp` by default). Matmuls run in `ModelConfig.compute_dtype`
+(bf16) with fp32 accumulation. Inside the step, a `shard_map` runs the *single-device*
+program on each device's rows and shards: a layer's weights are gathered whole when the
+layer loop reaches it (FSDP, `composer_rl.train.fsdp`), the same forward the sampler runs,
 which is why every per-token log-prob is bitwise identical to the sampler's and to a
 1-device run.
 
-Determinism across device counts. Each device splits its rows into microbatches of
-`micro_batch_size` rows and computes one gradient per microbatch (the same program on the
-same shapes whatever the device count). Microbatch gradients are then summed in a fixed
-balanced binary tree (`composer_rl.train.reduction`): first over a device's own
-microbatches as they are computed (O(log n) partial sums held, not one gradient per
-microbatch), then over devices by recursive doubling (one partner's sum in flight, not an
-all-gather of every device's). When the number of microbatches per device and the number
-of devices are powers of two, the device-local subtrees are exactly subtrees of the
-1-device tree, so loss, gradients, gradient norm and updated parameters are bitwise
-identical on 1 and N devices. `grad_reduce='psum'` uses XLA's all-reduce instead (less
-memory and communication; sums in a backend-chosen order, so the last bits can differ).
+Determinism across device counts. A batch is split into microbatches of
+`micro_batch_size` rows (the same program on the same shapes whatever the device count), one
+gradient each, summed in one fixed balanced binary tree over the batch's microbatches
+(`composer_rl.train.reduction`): the fsdp devices take neighbouring microbatches and reduce
+each round's gradients inside the backward, keeping their own blocks (the tree's lowest
+levels); a device sums its rounds as they are computed (O(log n) partial sums held); data
+replicas combine theirs by recursive doubling (the top levels). When the number of
+microbatches per device and the mesh's data and fsdp sizes are powers of two, loss,
+gradients, gradient norm and updated parameters are bitwise identical on 1 and N devices.
+`grad_reduce='psum'` uses XLA's reduce-scatter and all-reduce instead (sums in a
+backend-chosen order, so the last bits can differ).
 """
 import dataclasses
 from typing import Any, Optional, Sequence, Tuple
@@ -34,10 +35,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from composer_rl.model import sharding as shd
 from composer_rl.model.config import ModelConfig
 from composer_rl.model.transformer import Transformer, load_balancing_loss
-from composer_rl.train import losses, reduction
+from composer_rl.train import fsdp, losses, reduction
 from composer_rl.train.batch import TrainBatch
-from composer_rl.train.optimizer import (OptimizerConfig, clip_by_global_norm, global_norm,
-                                         make_optimizer, schedule)
+from composer_rl.train.optimizer import (OptimizerConfig, clip_by_global_norm, make_optimizer,
+                                         schedule)
 from composer_rl.train.scoring import score_tokens
 
 F32 = jnp.float32
@@ -106,6 +107,10 @@ class TrainStep:
     abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
     self.graphdef, abstract_state = nnx.split(abstract)
     self.param_shardings = nnx.to_pure_dict(shd.param_shardings(abstract_state, mesh, rules))
+    self.layout = fsdp.ParamLayout(
+        jax.tree.map(lambda s: s.spec, self.param_shardings), nnx.to_pure_dict(abstract_state),
+        nnx.to_pure_dict(shd.logical_names(abstract_state)), mesh, train_config.grad_reduce,
+        rules)
     self.optimizer = make_optimizer(train_config.optimizer)
     self.lr_schedule = schedule(train_config.optimizer)
     self.replicated = NamedSharding(mesh, P())
@@ -158,15 +163,18 @@ class TrainStep:
     return nnx.merge(self.graphdef, params)
 
   # ---- the step ------------------------------------------------------------------------
+  def _score(self, params, mb: TrainBatch):
+    """The microbatch's scores from this device's parameter shards."""
+    model = nnx.merge(self.graphdef, self.layout.outside_layers(params))
+    return score_tokens(model, mb.tokens, mb.sampling, mb.segment_ids, mb.positions,
+                        layer_gather=self.layout.layer_gather())
+
   def _micro_loss(self, params, ref_params, mb: TrainBatch, norms: losses.Normalizers):
-    model = nnx.merge(self.graphdef, params)
-    sc = score_tokens(model, mb.tokens, mb.sampling, mb.segment_ids, mb.positions)
+    sc = self._score(params, mb)
     mask = mb.loss_mask * mb.rows_valid[:, None]
     ref_lp = None
     if self.config.loss.kl_coef > 0:
-      ref = nnx.merge(self.graphdef, ref_params)
-      ref_lp = jax.lax.stop_gradient(
-          score_tokens(ref, mb.tokens, mb.sampling, mb.segment_ids, mb.positions).logprobs)
+      ref_lp = jax.lax.stop_gradient(self._score(ref_params, mb).logprobs)
     loss, metrics = losses.policy_objective(sc.logprobs, mb.behaviour_logprobs, mb.advantages,
                                             mask, norms, self.config.loss, ref_lp, sc.entropy)
     if self.model_config.num_experts:
@@ -179,39 +187,45 @@ class TrainStep:
     metrics["loss"] = jax.lax.stop_gradient(loss)
     return loss, metrics
 
+  def _reduce(self, item, axis: str):
+    """(grads, loss, metrics) summed over a mesh axis of batch shards, on every device."""
+    def psum(x, axis):
+      grads, loss = jax.lax.psum((x[0], x[1]), axis)
+      return grads, loss, {k: (jax.lax.pmax(v, axis) if k.endswith("_max") else
+                               jax.lax.pmin(v, axis) if k.endswith("_min") else
+                               jax.lax.psum(v, axis)) for k, v in x[2].items()}
+    return fsdp.group_sum(item, _combine, axis, self.mesh.shape[axis],
+                          self.config.grad_reduce, psum)
+
   def _shard_grads(self, params, ref_params, norms, batch: TrainBatch):
-    """Runs on one device: its rows -> (grads, loss, metrics) reduced over all devices."""
-    mbs = self.config.micro_batch_size
-    num_micro = batch.tokens.shape[0] // mbs
-    micro = jax.tree.map(lambda x: x.reshape((num_micro, mbs) + x.shape[1:]), batch)
+    """Runs on one device: its rows ([1, m, 1, mbs, ...]: round j's microbatch) and
+    parameter shards -> (gradient shards, loss, metrics, norm) reduced over all devices."""
+    micro = jax.tree.map(lambda x: x.reshape(x.shape[1:2] + x.shape[3:]), batch)
 
     def one(mb):
       (loss, metrics), grads = jax.value_and_grad(self._micro_loss, has_aux=True)(
           params, ref_params, mb, norms)
+      # The gradients left the backward already summed over the fsdp group (`fsdp.gather`).
+      _, loss, metrics = self._reduce(({}, loss, metrics), "fsdp")
       return grads, loss, metrics
 
     local = reduction.streaming_tree_sum(one, micro, _combine)
-    if self.config.grad_reduce == "tree" and self.num_shards & (self.num_shards - 1):
-      gathered = jax.tree.map(lambda x: jax.lax.all_gather(x, self.batch_axes), local)
-      grads, loss, metrics = reduction.tree_sum(gathered, _combine)
-    elif self.config.grad_reduce == "tree":
-      grads, loss, metrics = reduction.butterfly_sum(local, _combine, self.batch_axes,
-                                                     self.num_shards)
-    else:
-      grads, loss = jax.lax.psum((local[0], local[1]), self.batch_axes)
-      metrics = {k: (jax.lax.pmax(v, self.batch_axes) if k.endswith("_max") else
-                     jax.lax.pmin(v, self.batch_axes) if k.endswith("_min") else
-                     jax.lax.psum(v, self.batch_axes)) for k, v in local[2].items()}
-    return grads, loss, metrics, global_norm(grads)
+    grads, loss, metrics = self._reduce(local, "data")
+    return grads, loss, metrics, self.layout.global_norm(grads)
 
   def _step(self, state: TrainState, batch: TrainBatch):
     norms = losses.normalizers(batch.loss_mask * batch.rows_valid[:, None], batch.rows_valid)
+    # Microbatch k = (i, j, f): data replica i, round j, fsdp device f (`composer_rl.train.fsdp`).
+    d, f, mbs = self.mesh.shape["data"], self.mesh.shape["fsdp"], self.config.micro_batch_size
+    rounds = batch.tokens.shape[0] // (d * f * mbs)
+    batch = jax.tree.map(lambda x: x.reshape((d, rounds, f, mbs) + x.shape[1:]), batch)
+    specs = self.layout.partition_specs()
     rep = lambda tree: jax.tree.map(lambda _: P(), tree)
     fn = jax.shard_map(
         self._shard_grads, mesh=self.mesh,
-        in_specs=(rep(state.params), rep(state.ref_params), rep(norms),
-                  jax.tree.map(lambda _: P(self.batch_axes), batch)),
-        out_specs=P(), check_vma=False)
+        in_specs=(specs, None if state.ref_params is None else specs, rep(norms),
+                  jax.tree.map(lambda _: P("data", None, "fsdp"), batch)),
+        out_specs=(specs, P(), P(), P()), check_vma=False)
     grads, loss, m, gnorm = fn(state.params, state.ref_params, norms, batch)
     grads = clip_by_global_norm(grads, gnorm, self.config.optimizer.max_grad_norm)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)

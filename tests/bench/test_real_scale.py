@@ -27,7 +27,7 @@ def test_real_scale_runs_small_and_reports_every_part():
   assert eng["parked_session_tokens"] == 23
   assert eng["kv_bytes_parked_session"] == 32 * eng["kv_bytes_per_token"]
   assert eng["kv_bytes_decode_slot"] == 256 * eng["kv_bytes_per_token"]
-  assert train["ran"] and train["predicted_bytes"]["total"] > 0 and train["remat"] == "full"
+  assert train["ran"] and train["predicted_bytes_per_device"]["total"] > 0 and train["remat"] == "full"
   q = r["paper"]["qwen3_0_6b"]
   assert 590e6 < q["parameters"] < 600e6  # Qwen3-0.6B: 596M with tied embeddings
   assert q["kv_bytes_per_session"]["window_before"] == 40_960 * q["kv_bytes_per_token"]

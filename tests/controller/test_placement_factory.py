@@ -38,6 +38,18 @@ def test_carve_splits_devices_and_colocates_on_one():
     carve(devs[:2], inference_meshes=2)
 
 
+def test_the_train_mesh_splits_parameters_fsdp_ways():
+  devs = jax.devices()
+  p = carve(devs, 0.5, 2, train_fsdp=-1)  # FSDP over all four train devices
+  assert dict(p.train_mesh.shape)["fsdp"] == 4 and dict(p.train_mesh.shape)["data"] == 1
+  p = carve(devs, 0.5, 2, train_fsdp=2)
+  assert (dict(p.train_mesh.shape)["fsdp"], dict(p.train_mesh.shape)["data"]) == (2, 2)
+  assert _ids(p.train_mesh) == [0, 1, 2, 3]
+  assert dict(carve(devs[:1], train_fsdp=-1).train_mesh.shape)["fsdp"] == 1
+  with pytest.raises(ValueError, match="config.mesh.train_fsdp=3 does not divide the 4"):
+    carve(devs, 0.5, 2, train_fsdp=3)
+
+
 def test_factory_runs_whole_groups_on_two_inference_meshes_exactly():
   tok = ByteTokenizer()
   model = Transformer(get_preset("tiny", vocab_size=tok.vocab_size, max_seq_len=160),

@@ -50,11 +50,13 @@ def test_on_policy_ratio_is_exactly_one(one_device):
   assert m2["ratio_not_one_frac"] > 0.5 and m2["kl_behaviour"] > 0
 
 
-@pytest.mark.parametrize("mesh_shape", [{"data": 8}, {"data": 2, "fsdp": 4}],
-                         ids=["data8", "data2_fsdp4"])
+@pytest.mark.parametrize("mesh_shape", [{"data": 8}, {"fsdp": 8}, {"data": 2, "fsdp": 4},
+                                        {"fsdp": 2, "tensor": 2, "expert": 2}],
+                         ids=["data8", "fsdp8", "data2_fsdp4", "fsdp2_tensor2_expert2"])
 def test_one_device_equals_eight_devices_bitwise(one_device, mesh_shape):
-  """Loss, every metric, parameters and optimizer moments: same bits. data2_fsdp4 also
-  stores parameters and moments sharded over fsdp."""
+  """Loss, every metric, parameters and optimizer moments: same bits. With fsdp (and
+  tensor) axes the parameters, moments and gradients stay split inside the step: each
+  layer gathered in the layer loop, its gradient reduce-scattered in the backward."""
   s1, m1 = one_device
   s8, m8 = _run(mesh_shape)
   for a, b in zip(m1, m8):
@@ -79,21 +81,23 @@ def test_moe_one_vs_eight_devices():
   counts"), so parameters are compared to fp32 precision."""
   mc = TINY.replace(num_experts=4, experts_per_token=2, moe_d_ff=32)
   s1, m1 = _run({"data": 1}, model_config=mc)
-  s8, m8 = _run({"data": 8}, model_config=mc)
-  for k in ("loss", "tokens", "ratio_mean", "ratio_not_one_frac", "logp_mean", "entropy"):
-    assert np.asarray(m1[0][k]).view(np.uint32) == np.asarray(m8[0][k]).view(np.uint32), k
-  assert m1[0]["ratio_not_one_frac"] == 0.0
-  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s8.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  for shape in ({"data": 8}, {"fsdp": 4, "expert": 2}):
+    s8, m8 = _run(shape, model_config=mc)
+    for k in ("loss", "tokens", "ratio_mean", "ratio_not_one_frac", "logp_mean", "entropy"):
+      assert np.asarray(m1[0][k]).view(np.uint32) == np.asarray(m8[0][k]).view(np.uint32), k
+    assert m1[0]["ratio_not_one_frac"] == 0.0
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s8.params)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow
 def test_psum_reduce_is_close():
   cfg = TrainConfig(optimizer=CFG.optimizer, loss=CFG.loss, grad_reduce="psum")
   s1, _ = _run({"data": 1})
-  s8, _ = _run({"data": 8}, cfg)
-  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s8.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  for shape in ({"data": 8}, {"data": 2, "fsdp": 4}):
+    s8, _ = _run(shape, cfg)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s8.params)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_kl_to_reference_and_tis_in_the_step():
