@@ -8,6 +8,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from composer_rl.model import ModelConfig, sharding as shd
+from composer_rl.sampling.head import RowSampling
+from composer_rl.train.batch import TrainBatch
 from composer_rl.train.reduction import halving_scatter, tree_sum
 from composer_rl.train.train_step import TrainConfig, make_train_step
 
@@ -70,15 +72,21 @@ def test_the_gradient_norm_has_the_same_bits_on_every_mesh():
 def test_the_step_gathers_one_layer_at_a_time_and_keeps_an_eighth():
   """The compiled fsdp=8 step: no all-gather holds more than one layer of a stacked leaf,
   and its arguments (parameters + AdamW moments) are about an eighth of data=8's."""
-  mc = ModelConfig(vocab_size=256, d_model=128, num_layers=6, num_heads=4, num_kv_heads=2,
+  mc = ModelConfig(vocab_size=256, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=32, d_ff=256, max_seq_len=64, remat="full")
-  from .helpers import on_policy_batch
+  rows, length = 8, 32
+  f32, i32 = (lambda *shape: jax.ShapeDtypeStruct(shape, np.float32),
+              lambda *shape: jax.ShapeDtypeStruct(shape, np.int32))
+  batch = TrainBatch(tokens=i32(rows, length), segment_ids=i32(rows, length),
+                     positions=i32(rows, length), loss_mask=f32(rows, length - 1),
+                     behaviour_logprobs=f32(rows, length - 1), advantages=f32(rows),
+                     rows_valid=f32(rows), versions=i32(rows, length - 1),
+                     sampling=jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                           RowSampling.broadcast(rows)))
   sizes = {}
   for shape in ({"data": 8}, {"fsdp": 8}):
     ts = make_train_step(mc, TrainConfig(micro_batch_size=1), shd.make_mesh(shape))
-    state = ts.abstract_state()
-    batch = on_policy_batch(mc, jax.device_get(ts.init_state(0).params), 8, seq_len=32)
-    compiled = ts.step.lower(state, ts.shard_batch(batch)).compile()
+    compiled = ts.step.lower(ts.abstract_state(), batch).compile()
     sizes[str(shape)] = compiled.memory_analysis().argument_size_in_bytes
     if "fsdp" in shape:
       gathered = [tuple(int(d) for d in m.group(1).split(",") if d)
