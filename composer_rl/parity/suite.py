@@ -10,8 +10,9 @@ compared with every *case*, each a different way of producing the same numbers:
   devices) the engine on a device mesh. The same sequence must sample the same tokens with
   the same log-prob bits and the same experts.
 * trainer cases: `score_tokens` on the finished sequences (decode vs full forward) in a
-  forward-only program and inside `jax.value_and_grad`, with other batch groupings and
-  paddings, on one device and sharded.
+  forward-only program and inside `jax.value_and_grad` (also with every layer
+  rematerialized, `remat='full'`), with other batch groupings and paddings, on one device
+  and sharded.
 
 Every compared float is compared through its `uint32` view; `max_abs_diff` is reported
 only to size a failure.
@@ -144,8 +145,11 @@ class ParityRunner:
     return [out[i] for i in range(len(self.prompts))]
 
   # ---- trainer side -------------------------------------------------------------------
-  def _score_fn(self, with_grad: bool, mesh=None):
+  def _score_fn(self, with_grad: bool, mesh=None, remat: Optional[str] = None):
     graphdef, sampling = self.graphdef, self.sampling
+    if remat not in (None, self.config.remat):  # the same weights; the backward rematerializes layers
+      graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(
+          self.config.replace(remat=remat), rngs=nnx.Rngs(0))))[0]
 
     def scores(state, tokens, segments):
       model = nnx.merge(graphdef, state)
@@ -168,8 +172,8 @@ class ParityRunner:
       fn = sharding.shard_batch(fn, mesh, num_replicated=1)
     return jax.jit(fn)
 
-  def _score(self, samples, order, batch_size, pad_to, with_grad, mesh=None):
-    fn = self._score_fn(with_grad, mesh)
+  def _score(self, samples, order, batch_size, pad_to, with_grad, mesh=None, remat=None):
+    fn = self._score_fn(with_grad, mesh, remat)
     shards = sharding.num_batch_shards(mesh) if mesh is not None else 1
     parts = []
     for start in range(0, len(order), batch_size):
@@ -193,7 +197,7 @@ class ParityRunner:
     tally = Tally()
     cases = (2 + len(self.batch_sizes) * len(self.prefill_chunks) * len(self.prompt_buckets)
              + (self.config.compute_dtype != self.config.param_dtype)
-             + 2 * len(self.train_batch_sizes) + 3 * len(self.num_devices))
+             + 2 * len(self.train_batch_sizes) + 1 + 3 * len(self.num_devices))
     bar = progress(cases, f"parity ({self.config.compute_dtype})", "cases")
 
     def merge(name, parts):
@@ -224,6 +228,9 @@ class ParityRunner:
         kind = "value_and_grad" if with_grad else "forward"
         merge(f"trainer/{kind}/batch={bs}/pad_to={pad_to}",
                          self._score(ref, order, bs, pad_to, with_grad))
+    order = [int(i) for i in self.rng.permutation(len(everyone))]
+    merge("trainer/value_and_grad/remat=full",
+          self._score(ref, order, self.train_batch_sizes[-1], 0, True, remat="full"))
     for n in self.num_devices:
       mesh = sharding.make_mesh({"data": n}, jax.devices()[:n])
       order = [int(i) for i in self.rng.permutation(len(everyone))]

@@ -199,7 +199,7 @@ def test_ids_past_the_tokenizer_are_never_sampled():
   np.testing.assert_allclose(np.exp(lp[:, :10]).sum(-1), 1.0, rtol=1e-5)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny_moe"])
+@pytest.mark.parametrize("preset", [pytest.param("tiny", marks=pytest.mark.slow), "tiny_moe"])
 def test_remat_policies_give_the_same_bits(preset):
   """`ModelConfig.remat` changes what the backward keeps, never a value: log-probs and
   gradients are the same uint32 bits under 'none', 'dots' and 'full'."""

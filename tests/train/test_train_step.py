@@ -50,9 +50,12 @@ def test_on_policy_ratio_is_exactly_one(one_device):
   assert m2["ratio_not_one_frac"] > 0.5 and m2["kl_behaviour"] > 0
 
 
-@pytest.mark.parametrize("mesh_shape", [{"data": 8}, {"fsdp": 8}, {"data": 2, "fsdp": 4},
-                                        {"fsdp": 2, "tensor": 2, "expert": 2}],
-                         ids=["data8", "fsdp8", "data2_fsdp4", "fsdp2_tensor2_expert2"])
+@pytest.mark.parametrize("mesh_shape", [
+    pytest.param({"data": 8}, id="data8", marks=pytest.mark.slow),  # suite time; the
+    pytest.param({"fsdp": 8}, id="fsdp8"),                           # 2-process test runs
+    pytest.param({"data": 2, "fsdp": 4}, id="data2_fsdp4"),          # data=8 too
+    pytest.param({"fsdp": 2, "tensor": 2, "expert": 2}, id="fsdp2_tensor2_expert2",
+                 marks=pytest.mark.slow)])
 def test_one_device_equals_eight_devices_bitwise(one_device, mesh_shape):
   """Loss, every metric, parameters and optimizer moments: same bits. With fsdp (and
   tensor) axes the parameters, moments and gradients stay split inside the step: each
