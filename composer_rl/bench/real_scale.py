@@ -24,6 +24,7 @@ Each measured part runs in its own process, so `peak_rss_gb` is that part's own 
   KV per token and per session) -- for shapes that cannot run here.
 """
 import json
+import math
 import os
 import resource
 import subprocess
@@ -160,7 +161,7 @@ def train_part() -> dict:
   cfg = _config()
   rows, length = _ROWS.value, _LEN.value
   shape = _mesh_shape()
-  devices = int(np.prod(list(shape.values())))
+  devices = math.prod(shape.values())
   mesh = shd.make_mesh(shape, devices=jax.devices()[:devices])
   step = make_train_step(cfg, TrainConfig(micro_batch_size=1), mesh)
   rng = np.random.default_rng(0)
@@ -249,9 +250,7 @@ def _run_child(part: str) -> dict:
   args += [f for f in sys.argv[1:] if not f.startswith("--child")]
   t = time.perf_counter()
   env = dict(os.environ)
-  devices = 1
-  for size in _mesh_shape().values():
-    devices *= size
+  devices = math.prod(_mesh_shape().values())
   if part == "train" and devices > 1 and "xla_force_host_platform_device_count" not in \
       env.get("XLA_FLAGS", ""):  # CPU: that many host devices (accelerators have theirs)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +

@@ -52,10 +52,6 @@ class Group:
     return dict(self.sizes)[axis]
 
 
-def _add(a, b):
-  return jax.tree.map(jnp.add, a, b)
-
-
 def group_sum(x: Any, combine, axis: str, size: int, mode: str, psum=None) -> Any:
   """Inside `shard_map`: the sum over `axis` of every device's `x`, on every device, in the
   balanced tree over devices ('tree'), or with `psum(x, axis)` ('psum'; default lax.psum)."""
